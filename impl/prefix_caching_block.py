@@ -1,0 +1,900 @@
+"""The prefix-caching allocator (vLLM's ``prefix_caching_block``).
+
+A full block whose earlier blocks are all full is keyed by its content hash
+(chained through its parent's hash).  Identical prefixes share physical ids;
+an id whose last reference is dropped stays cached in the evictor until it
+is reused for a hit or evicted for new content.
+
+A physical id is in exactly one of these states:
+
+* free: in ``_hashless_allocator._free_block_indices``, refcount 0;
+* mutable: refcount > 0, not in ``_cached_blocks``;
+* immutable: refcount > 0, ``_cached_blocks[hash] == id``;
+* evictable: refcount 0, cached, in ``evictor``.
+
+``get_num_free_blocks()`` counts free plus evictable ids, and that many
+allocations succeed.  Every public method checks the caller's arguments and
+the capacity it needs before it changes anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+
+from .common import (
+    BlockPool,
+    CacheMetricData,
+    CopyOnWriteTracker,
+    check_extra_hash,
+    check_sizes,
+    check_token_ids,
+    get_all_blocks_recursively,
+)
+from .errors import (
+    BlockNotOnDeviceError,
+    DetachedBlockError,
+    ForeignBlockError,
+    ImmutableBlockError,
+    InvalidArgumentError,
+    NoFreeBlocksError,
+    RefCountError,
+    UnhashableBlockError,
+    UnknownBlockIdError,
+    WrongTypeError,
+)
+from .evictor import EvictionPolicy, make_evictor
+from .hashing import NONE_HASH, HashAlgo, HashFunction, builtin_hash, resolve_hash_algo
+from .interfaces import Block, BlockAllocator, BlockId, Device
+from .naive_block import NaiveBlockAllocator, check_detached, check_no_device
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_LAST_ACCESSED_TIME = -1
+
+
+class BlockTracker:
+    """Per-id bookkeeping while the id is in use: its access time and
+    whether its KV is computed.  Inactive trackers hold the defaults."""
+
+    __slots__ = ("active", "last_accessed", "computed")
+
+    def __init__(self) -> None:
+        self.active: bool = False
+        self.last_accessed: float = _DEFAULT_LAST_ACCESSED_TIME
+        self.computed: bool = False
+
+    def enable(self) -> None:
+        """Start tracking (the tracker must be inactive); reset the fields."""
+        if self.active:
+            raise InvalidArgumentError("the tracker is already active")
+        self.active = True
+        self.reset()
+
+    def disable(self) -> None:
+        """Stop tracking (the tracker must be active); reset the fields."""
+        if not self.active:
+            raise InvalidArgumentError("the tracker is not active")
+        self.active = False
+        self.reset()
+
+    def reset(self) -> None:
+        """``last_accessed = -1`` and ``computed = False``."""
+        self.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+        self.computed = False
+
+
+class PrefixCachingBlockAllocator(BlockAllocator):
+    """A block allocator that shares full blocks with identical prefixes.
+
+    ``hash_algo`` (keyword-only) chooses the content hash: ``"builtin"``
+    (vLLM's), ``"sha256"`` or a callable; see :mod:`prefixcache.impl.hashing`.
+
+    Costs: allocation, free, promotion and copy-on-write O(log n) in the pool
+    size (the evictor's heap) and O(1) otherwise; operations over a list or
+    chain O(k) in its length; ``get_physical_block_id`` O(1)."""
+
+    _none_hash: int = NONE_HASH
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        block_ids: Optional[Iterable[int]] = None,
+        eviction_policy: EvictionPolicy = EvictionPolicy.LRU,
+        *,
+        hash_algo: HashAlgo = "builtin",
+    ) -> None:
+        check_sizes(num_blocks, block_size)
+        self._hash_fn: HashFunction = resolve_hash_algo(hash_algo)
+        self.evictor = make_evictor(eviction_policy)
+        self.eviction_policy = eviction_policy
+        self._block_size = block_size
+        self._block_pool = BlockPool(block_size, self._create_block, self, 4 * num_blocks)
+        self._hashless_allocator = NaiveBlockAllocator(
+            create_block=self._create_block,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            block_ids=block_ids,
+            block_pool=self._block_pool,
+        )
+        self._free_ids = self._hashless_allocator._free_block_indices
+        self._refcounter = self._hashless_allocator.refcounter
+        self._refcounts = self._refcounter._refcounts
+        self._block_tracker: Dict[BlockId, BlockTracker] = {
+            block_id: BlockTracker() for block_id in self._refcounts
+        }
+        self._cached_blocks: Dict[int, BlockId] = {}
+        self._touched_blocks: Set[BlockId] = set()
+        self._cow_tracker = CopyOnWriteTracker(self._refcounter.as_readonly())
+        self.metric_data = CacheMetricData()
+
+    def _create_block(
+        self,
+        prev_block: Optional[Block],
+        token_ids: List[int],
+        block_size: int,
+        allocator: BlockAllocator,
+        block_id: Optional[int] = None,
+        computed: bool = False,
+        extra_hash: Optional[int] = None,
+    ) -> Block:
+        """The pool's factory: a PrefixCachingBlock bound to this allocator."""
+        return PrefixCachingBlock(
+            prev_block=prev_block, token_ids=token_ids, block_size=block_size,
+            allocator=self, block_id=block_id, computed=computed, extra_hash=extra_hash,
+        )
+
+    @property
+    def content_hash_function(self) -> HashFunction:
+        """The ``(parent_hash, token_ids, extra_hash) -> int`` function in use."""
+        return self._hash_fn
+
+    # -- checks of the caller's arguments (they raise before any change) -------
+
+    def _check_owned(self, block: Block) -> BlockId:
+        """The id of ``block`` after checking that it is one of this
+        allocator's Blocks, attached, and that its id holds a reference."""
+        if not isinstance(block, PrefixCachingBlock):
+            raise WrongTypeError(f"expected a PrefixCachingBlock, got {type(block).__name__}")
+        block_id = block._block_id
+        if block_id is None:
+            raise DetachedBlockError("the block holds no id (freed or never allocated)")
+        if block._allocator is not self:
+            raise ForeignBlockError(f"block {block_id} belongs to another allocator")
+        count = self._refcounts.get(block_id)
+        if count is None:
+            raise UnknownBlockIdError(f"block id {block_id} is not managed by this allocator")
+        if count <= 0:
+            raise RefCountError(f"block {block_id} holds no reference (already freed)")
+        return block_id
+
+    def _check_releasable(self, blocks: Iterable[Block]) -> None:
+        """Check that every block may drop its reference, counting repeats."""
+        wanted: Dict[BlockId, int] = {}
+        for block in blocks:
+            block_id = self._check_owned(block)
+            wanted[block_id] = wanted.get(block_id, 0) + 1
+            if wanted[block_id] > self._refcounts[block_id]:
+                raise RefCountError(f"block {block_id} is released more often than referenced")
+
+    def _check_new_block_args(
+        self, prev_block: Optional[Block], extra_hash: Optional[int], device: Optional[Device]
+    ) -> None:
+        check_no_device(device)
+        if prev_block is not None and not isinstance(prev_block, PrefixCachingBlock):
+            raise WrongTypeError(f"prev_block must be a PrefixCachingBlock or None, "
+                                 f"got {type(prev_block).__name__}")
+        check_extra_hash(extra_hash)
+
+    def _check_capacity(self, needed: int) -> None:
+        available = len(self._free_ids) + self.evictor.num_blocks
+        if needed > available:
+            raise NoFreeBlocksError(f"{needed} blocks needed, {available} free or evictable")
+
+    def _full_block_hashes(
+        self,
+        prev_block: Optional[Block],
+        block_token_ids: List[List[int]],
+        extra_hash: Optional[int],
+    ) -> List[int]:
+        """The content hash of each full block of a new chain after
+        ``prev_block``; UnhashableBlockError when one cannot have a hash."""
+        parent: Optional[int] = None
+        if prev_block is not None:
+            parent = prev_block.content_hash
+            if parent is None or parent == NONE_HASH:
+                raise UnhashableBlockError("the previous block has no content hash")
+        hashes: List[int] = []
+        for token_ids in block_token_ids:
+            check_token_ids(token_ids, self._block_size)
+            if len(token_ids) != self._block_size:
+                raise UnhashableBlockError(
+                    f"an immutable block needs {self._block_size} tokens, got {len(token_ids)}"
+                )
+            parent = self._hash_fn(parent, token_ids, extra_hash)
+            hashes.append(parent)
+        return hashes
+
+    def _demand(self, hashes: Iterable[Optional[int]]) -> int:
+        """How many free-or-evictable ids a run of allocations takes, one per
+        hash in order (None: a mutable block).  Each takes one, except a hash
+        whose cached id is in use now or that an earlier one in the run
+        cached; the count is exact, so checking it makes the run atomic."""
+        cached = self._cached_blocks
+        refcounts = self._refcounts
+        seen: Set[int] = set()
+        needed = 0
+        for content_hash in hashes:
+            if content_hash is None:
+                needed += 1
+                continue
+            cached_id = cached.get(content_hash)
+            if content_hash in seen or (cached_id is not None and refcounts[cached_id] > 0):
+                continue
+            seen.add(content_hash)
+            needed += 1
+        return needed
+
+    # -- the id mechanics (no checks: callers checked) ----------------------------
+
+    def _take_id(self) -> BlockId:
+        """A fresh id with one reference, not computed: the leftmost free id,
+        else the evictor's first victim (which leaves the cache)."""
+        if self._free_ids:
+            block_id = self._free_ids.popleft()
+        elif self.evictor.num_blocks:
+            block_id, content_hash = self.evictor.evict()
+            del self._cached_blocks[content_hash]
+            self._touched_blocks.discard(block_id)
+        else:
+            raise NoFreeBlocksError("no free or evictable block")
+        self._refcounts[block_id] = 1
+        tracker = self._block_tracker[block_id]
+        tracker.active = True
+        tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+        tracker.computed = False
+        return block_id
+
+    def _acquire_cached(self, block_id: BlockId) -> None:
+        """One more reference to the cached ``block_id``; if it was evictable
+        it leaves the evictor and is tracked again (computed unless it was
+        promoted and not yet marked computed)."""
+        count = self._refcounts[block_id]
+        self._refcounts[block_id] = count + 1
+        if count == 0:
+            self.evictor.remove(block_id)
+            tracker = self._block_tracker[block_id]
+            tracker.active = True
+            tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+            tracker.computed = block_id not in self._touched_blocks
+
+    def _release_hashless(self, block_id: BlockId) -> None:
+        """One reference less to a mutable id; at 0 it is free (on the left)."""
+        count = self._refcounts[block_id]
+        self._refcounts[block_id] = count - 1
+        if count == 1:
+            self._untrack(block_id)
+            self._free_ids.appendleft(block_id)
+
+    def _release_cached(self, block_id: BlockId, content_hash: int, num_tokens: int) -> None:
+        """One reference less to an immutable id; at 0 it becomes evictable
+        with its tracked access time."""
+        count = self._refcounts[block_id] - 1
+        self._refcounts[block_id] = count
+        if count == 0:
+            tracker = self._block_tracker[block_id]
+            self.evictor.add(block_id, content_hash, num_tokens, tracker.last_accessed)
+            self._untrack(block_id)
+
+    def _untrack(self, block_id: BlockId) -> None:
+        tracker = self._block_tracker[block_id]
+        tracker.active = False
+        tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+        tracker.computed = False
+
+    def _release_block(self, block: PrefixCachingBlock, block_id: BlockId) -> None:
+        """Drop ``block``'s reference to ``block_id`` (immutable or mutable)."""
+        content_hash = block.content_hash
+        if content_hash is not None and self._cached_blocks.get(content_hash) == block_id:
+            self._release_cached(block_id, content_hash, block._num_tokens_total)
+        else:
+            self._release_hashless(block_id)
+
+    def _allocate_full(
+        self, prev_block: Optional[Block], token_ids: List[int], extra_hash: Optional[int],
+        content_hash: int,
+    ) -> PrefixCachingBlock:
+        """A Block for one full block of tokens: the cached id on a hit, else
+        a fresh id promoted under ``content_hash``.  Records one query."""
+        cached_id = self._cached_blocks.get(content_hash)
+        if cached_id is not None:
+            self.metric_data.query(True)
+            self._acquire_cached(cached_id)
+            block_id = cached_id
+        else:
+            self.metric_data.query(False)
+            block_id = self._take_id()
+            self._cached_blocks[content_hash] = block_id
+            self._touched_blocks.add(block_id)
+        block: PrefixCachingBlock = self._block_pool.init_block(  # type: ignore[assignment]
+            prev_block=prev_block, token_ids=token_ids, block_size=self._block_size,
+            physical_block_id=block_id, extra_hash=extra_hash,
+        )
+        block._cached_content_hash = content_hash
+        if cached_id is not None:
+            block._computed = True
+        return block
+
+    # -- allocation --------------------------------------------------------------
+
+    def allocate_mutable_block(
+        self,
+        prev_block: Optional[Block],
+        extra_hash: Optional[int] = None,
+        device: Optional[Device] = None,
+    ) -> Block:
+        """An empty Block on a fresh id (the leftmost free id, else the first
+        evictor victim, which leaves the cache).  Raises NoFreeBlocksError
+        when neither exists."""
+        self._check_new_block_args(prev_block, extra_hash, device)
+        block_id = self._take_id()
+        return self._block_pool.init_block(
+            prev_block=prev_block, token_ids=[], block_size=self._block_size,
+            physical_block_id=block_id, extra_hash=extra_hash,
+        )
+
+    def allocate_immutable_block(
+        self,
+        prev_block: Optional[Block],
+        token_ids: List[int],
+        extra_hash: Optional[int] = None,
+        device: Optional[Device] = None,
+    ) -> Block:
+        """A Block holding ``token_ids`` (exactly one full block, after a
+        hashable ``prev_block``).  Hit: the cached id gains a reference (and
+        leaves the evictor), the Block is computed.  Miss: a fresh id is
+        promoted under the content hash and touched.  One hit-rate query
+        either way; nothing changes when NoFreeBlocksError is raised."""
+        self._check_new_block_args(prev_block, extra_hash, device)
+        (content_hash,) = self._full_block_hashes(prev_block, [token_ids], extra_hash)
+        self._check_capacity(self._demand((content_hash,)))
+        return self._allocate_full(prev_block, token_ids, extra_hash, content_hash)
+
+    def allocate_immutable_blocks(
+        self,
+        prev_block: Optional[Block],
+        block_token_ids: List[List[int]],
+        extra_hash: Optional[int] = None,
+        device: Optional[Device] = None,
+    ) -> List[Block]:
+        """``allocate_immutable_block`` for each token list in order, each
+        Block chained to the one before.  All or nothing: when the ids do not
+        suffice NoFreeBlocksError is raised and nothing changes."""
+        self._check_new_block_args(prev_block, extra_hash, device)
+        hashes = self._full_block_hashes(prev_block, block_token_ids, extra_hash)
+        self._check_capacity(self._demand(hashes))
+        blocks: List[Block] = []
+        for token_ids, content_hash in zip(block_token_ids, hashes):
+            prev_block = self._allocate_full(prev_block, token_ids, extra_hash, content_hash)
+            blocks.append(prev_block)
+        return blocks
+
+    # -- promotion and copy-on-write -------------------------------------------------
+
+    def promote_to_immutable_block(self, block: Block) -> BlockId:
+        """Make the full, hashable, mutable ``block`` immutable; return its id.
+
+        New content: the id is cached under the hash and touched (shared, not
+        yet computed).  Content already cached: the block's own id drops its
+        reference (free again, on the left, at 0) and the block moves to the
+        cached id as on a hit.  Not a hit-rate query."""
+        block_id = self._check_owned(block)
+        content_hash = block.content_hash
+        if content_hash is None:
+            raise UnhashableBlockError("only a full block after hashed blocks can be promoted")
+        cached_id = self._cached_blocks.get(content_hash)
+        if cached_id == block_id:
+            raise ImmutableBlockError(f"block {block_id} is already immutable")
+        if cached_id is None:
+            self._cached_blocks[content_hash] = block_id
+            self._touched_blocks.add(block_id)
+            return block_id
+        self._release_hashless(block_id)
+        self._acquire_cached(cached_id)
+        block.block_id = cached_id
+        block.computed = True
+        return cached_id
+
+    def cow_block_if_not_appendable(self, block: Block) -> BlockId:
+        """The id ``block`` may write to: its own when it holds the only
+        reference; else a fresh id, with ``(old, new)`` recorded, the old id
+        losing one reference and ``block`` moved to the new id.  All or
+        nothing: NoFreeBlocksError leaves ``block`` on its old id."""
+        src = self._check_owned(block)
+        if self._refcounts[src] <= 1:
+            return src
+        content_hash = block.content_hash
+        if content_hash is not None and self._cached_blocks.get(content_hash) == src:
+            raise ImmutableBlockError(f"block {src} is immutable: it is never written")
+        self._check_capacity(1)
+        self._refcounts[src] -= 1
+        dst = self._take_id()
+        self._cow_tracker.record_cow(src, dst)
+        block.block_id = dst
+        return dst
+
+    def clear_copy_on_writes(self) -> List[Tuple[BlockId, BlockId]]:
+        """The recorded copy-on-write pairs, in order; the record is cleared."""
+        return self._cow_tracker.clear_cows()
+
+    # -- freeing and forking ----------------------------------------------------------
+
+    def free(self, block: Block, keep_block_object: bool = False) -> None:
+        """Drop ``block``'s reference and detach it.  At refcount 0 an
+        immutable id becomes evictable (still cached) and a mutable id free.
+        The Block object returns to the pool unless ``keep_block_object``."""
+        block_id = self._check_owned(block)
+        self._release_block(block, block_id)  # type: ignore[arg-type]
+        block.block_id = None
+        if not keep_block_object:
+            self._block_pool.free_block(block)
+
+    def fork(self, last_block: Block) -> List[Block]:
+        """A new chain of Blocks sharing the ids of ``last_block``'s chain
+        (each id gains a reference); same tokens and extra hashes, not
+        computed.  O(chain length), no recursion."""
+        chain = get_all_blocks_recursively(last_block)
+        for block in chain:
+            self._check_owned(block)
+        forked: List[Block] = []
+        prev: Optional[PrefixCachingBlock] = None
+        for block in chain:
+            source: PrefixCachingBlock = block  # type: ignore[assignment]
+            block_id: BlockId = source._block_id  # type: ignore[assignment]
+            self._refcounts[block_id] += 1
+            prev = self._block_pool.init_block(  # type: ignore[assignment]
+                prev_block=prev, token_ids=source._token_ids, block_size=self._block_size,
+                physical_block_id=block_id, extra_hash=source._extra_hash,
+            )
+            prev._cached_content_hash = source._cached_content_hash  # type: ignore[union-attr]
+            forked.append(prev)  # type: ignore[arg-type]
+        return forked
+
+    # -- counts and lookups ---------------------------------------------------------------
+
+    def get_num_free_blocks(self, device: Optional[Device] = None) -> int:
+        """Free plus evictable ids: exactly how many allocations succeed."""
+        check_no_device(device)
+        return len(self._free_ids) + self.evictor.num_blocks
+
+    def get_num_total_blocks(self) -> int:
+        """How many ids this allocator manages."""
+        return self._hashless_allocator.get_num_total_blocks()
+
+    def get_physical_block_id(self, absolute_id: int) -> int:
+        """The rank of ``absolute_id`` among the sorted ids. O(1)."""
+        return self._hashless_allocator.get_physical_block_id(absolute_id)
+
+    @property
+    def all_block_ids(self) -> FrozenSet[int]:
+        """Every id this allocator manages."""
+        return self._hashless_allocator.all_block_ids
+
+    def is_block_cached(self, block: Block) -> bool:
+        """Whether ``block``'s content hash is cached (UnhashableBlockError
+        when it has none)."""
+        content_hash = block.content_hash
+        if content_hash is None:
+            raise UnhashableBlockError("the block has no content hash")
+        return content_hash in self._cached_blocks
+
+    def block_is_computed(self, block_id: int) -> bool:
+        """Whether the KV of ``block_id`` is computed: the tracked flag of an
+        id in use; for an evictable id, True unless it was promoted and not
+        yet marked computed; False for a free id."""
+        tracker = self._block_tracker.get(block_id)
+        if tracker is None:
+            raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
+        if tracker.active:
+            return tracker.computed
+        return block_id in self.evictor and block_id not in self._touched_blocks
+
+    def get_num_full_blocks_touched(self, blocks: List[Block]) -> int:
+        """How many of ``blocks`` are full and would take an id: not cached,
+        or cached on an evictable id.  Repeats count each time."""
+        cached = self._cached_blocks
+        evictor = self.evictor
+        touched = 0
+        for block in blocks:
+            if block.is_full:
+                content_hash = block.content_hash
+                cached_id = None if content_hash is None else cached.get(content_hash)
+                if cached_id is None or cached_id in evictor:
+                    touched += 1
+        return touched
+
+    def get_prefix_cache_hit_rate(self) -> float:
+        """Hits over queries since construction or the last reset (0.0 at first)."""
+        return self.metric_data.get_hit_rate()
+
+    def find_cached_blocks_prefix(self, block_hashes: List[int]) -> List[int]:
+        """The longest prefix of ``block_hashes`` whose blocks are all cached
+        and computed.  O(length of the answer)."""
+        cached = self._cached_blocks
+        count = 0
+        for content_hash in block_hashes:
+            block_id = cached.get(content_hash)
+            if block_id is None or not self.block_is_computed(block_id):
+                break
+            count += 1
+        return block_hashes[:count]
+
+    # -- access times and the computed flag ------------------------------------------------
+
+    def mark_blocks_as_accessed(self, block_ids: List[int], now: float) -> None:
+        """Set the access time of each id: in use, on its tracker; evictable,
+        in the evictor (which reorders).  All or nothing: an unknown id
+        raises UnknownBlockIdError (a KeyError), a free id
+        BlockNotOnDeviceError (a ValueError)."""
+        if type(now) not in (int, float):
+            raise WrongTypeError(f"now must be a number, got {now!r}")
+        trackers = self._block_tracker
+        for block_id in block_ids:
+            tracker = trackers.get(block_id)
+            if tracker is None:
+                raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
+            if not tracker.active and block_id not in self.evictor:
+                raise BlockNotOnDeviceError(
+                    "Mark block as accessed which is not belonged to GPU"
+                )
+        for block_id in block_ids:
+            tracker = trackers[block_id]
+            if tracker.active:
+                tracker.last_accessed = now
+            else:
+                self.evictor.update(block_id, now)
+
+    def mark_blocks_as_computed(self, block_ids: List[int]) -> None:
+        """Mark every touched id computed and clear the touched set (the
+        argument is ignored, as in vLLM)."""
+        trackers = self._block_tracker
+        for block_id in self._touched_blocks:
+            tracker = trackers[block_id]
+            if tracker.active:
+                tracker.computed = True
+        self._touched_blocks.clear()
+
+    def get_common_computed_block_ids(self, computed_seq_block_ids: List[List[int]]) -> List[int]:
+        """One list: that list itself.  Otherwise the longest common prefix of
+        the non-empty lists (``[]`` when there are none)."""
+        if len(computed_seq_block_ids) == 1:
+            return computed_seq_block_ids[0]
+        lists = [ids for ids in computed_seq_block_ids if ids]
+        if not lists:
+            return []
+        low, high = min(lists), max(lists)
+        length = 0
+        for a, b in zip(low, high):
+            if a != b:
+                break
+            length += 1
+        return list(low[:length])
+
+    # -- swapping ---------------------------------------------------------------------------
+
+    def swap_out(self, blocks: List[Block]) -> None:
+        """Drop each block's reference and detach it (the objects are kept;
+        immutable ids become evictable and stay cached)."""
+        self._check_releasable(blocks)
+        for block in blocks:
+            self._release_block(block, block.block_id)  # type: ignore[arg-type]
+            block.block_id = None
+
+    def swap_in_demand(self, blocks: List[Block]) -> int:
+        """How many free-or-evictable ids ``swap_in(blocks)`` takes."""
+        return self._demand(block.content_hash for block in blocks)
+
+    def swap_in(self, blocks: List[Block]) -> None:
+        """Give each detached block an id, in order: a full hashable block as
+        ``allocate_immutable_block`` would (it may hit; one query), any other
+        a fresh id.  The blocks become this allocator's.  All or nothing."""
+        for block in blocks:
+            if not isinstance(block, PrefixCachingBlock):
+                raise WrongTypeError(f"expected a PrefixCachingBlock, got {type(block).__name__}")
+        check_detached(blocks)
+        self._check_capacity(self.swap_in_demand(blocks))
+        for block in blocks:
+            content_hash = block.content_hash
+            if content_hash is None:
+                block_id = self._take_id()
+            else:
+                cached_id = self._cached_blocks.get(content_hash)
+                self.metric_data.query(cached_id is not None)
+                if cached_id is not None:
+                    self._acquire_cached(cached_id)
+                    block_id = cached_id
+                else:
+                    block_id = self._take_id()
+                    self._cached_blocks[content_hash] = block_id
+                    self._touched_blocks.add(block_id)
+            block._block_id = block_id  # type: ignore[attr-defined]
+            block._allocator = self  # type: ignore[attr-defined]
+
+    # -- reset --------------------------------------------------------------------------
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cache when no id is in use: every evictable id becomes
+        free (pushed on the left in eviction order), the evictor, the touched
+        set and the hit-rate counters start afresh.  Returns False and changes
+        nothing while any id is in use."""
+        in_use = self.get_num_total_blocks() - self.get_num_free_blocks()
+        if in_use > 0:
+            logger.warning(
+                "Failed to reset prefix cache because some blocks (%d) are not freed yet", in_use
+            )
+            return False
+        while self.evictor.num_blocks:
+            block_id, content_hash = self.evictor.evict()
+            del self._cached_blocks[content_hash]
+            self._free_ids.appendleft(block_id)
+        self.evictor = make_evictor(self.eviction_policy)
+        self._touched_blocks.clear()
+        self.metric_data = CacheMetricData()
+        return True
+
+
+class PrefixCachingBlock(Block):
+    """A block whose full content is keyed by a chained content hash.
+
+    The hash is computed once, when first asked for after the block is full,
+    and only when every earlier block is full and hashed."""
+
+    __slots__ = ("_prev_block", "_token_ids", "_block_size", "_allocator", "_block_id",
+                 "_extra_hash", "_computed", "_last_accessed", "_cached_content_hash",
+                 "_num_tokens_total", "pool_id")
+
+    _none_hash: int = NONE_HASH
+
+    def __init__(
+        self,
+        prev_block: Optional[Block],
+        token_ids: List[int],
+        block_size: int,
+        allocator: BlockAllocator,
+        block_id: Optional[int] = None,
+        computed: bool = False,
+        extra_hash: Optional[int] = None,
+    ) -> None:
+        if not isinstance(allocator, PrefixCachingBlockAllocator):
+            raise WrongTypeError("a PrefixCachingBlock needs a PrefixCachingBlockAllocator")
+        if prev_block is not None and not isinstance(prev_block, PrefixCachingBlock):
+            raise WrongTypeError("prev_block must be a PrefixCachingBlock or None")
+        check_token_ids(token_ids, block_size)
+        self._prev_block = prev_block
+        self._token_ids: List[int] = list(token_ids)
+        self._block_size = block_size
+        self._allocator = allocator
+        self._block_id = block_id
+        self._extra_hash = extra_hash
+        self._computed = computed
+        self._last_accessed: float = _DEFAULT_LAST_ACCESSED_TIME
+        self._cached_content_hash: Optional[int] = None
+        self._num_tokens_total: int = len(self._token_ids) + (
+            0 if prev_block is None else prev_block.num_tokens_total
+        )
+
+    def append_token_ids(self, token_ids: List[int]) -> None:
+        """Append tokens.  A shared id is first copied (copy-on-write through
+        the allocator); a block that becomes full and hashable is promoted
+        (its id may change to a cached one).  All or nothing."""
+        if self._computed or self.content_hash is not None:
+            raise ImmutableBlockError("cannot append to an immutable or computed block")
+        if not token_ids:
+            return
+        check_token_ids(token_ids, self._block_size - len(self._token_ids))
+        if self._block_id is not None:
+            self._block_id = self._allocator.cow_block_if_not_appendable(self)
+        self._token_ids.extend(token_ids)
+        self._num_tokens_total += len(token_ids)
+        if self._block_id is not None and self.content_hash is not None:
+            self._block_id = self._allocator.promote_to_immutable_block(self)
+
+    @property
+    def content_hash(self) -> Optional[int]:
+        """The chained content hash, or None while this block or an earlier
+        one is not full.  Computed without recursion and kept."""
+        content_hash = self._cached_content_hash
+        if content_hash is not None:
+            return content_hash
+        if len(self._token_ids) != self._block_size:
+            return None
+        pending: List[PrefixCachingBlock] = [self]
+        prev = self._prev_block
+        while isinstance(prev, PrefixCachingBlock) and prev._cached_content_hash is None:
+            if len(prev._token_ids) != prev._block_size:
+                return None
+            pending.append(prev)
+            prev = prev._prev_block
+        parent: Optional[int] = None
+        if prev is not None:
+            parent = prev.content_hash
+            if parent is None or parent == NONE_HASH:
+                return None
+        hash_fn = getattr(self._allocator, "_hash_fn", None)
+        if not callable(hash_fn):
+            hash_fn = builtin_hash
+        for block in reversed(pending):
+            parent = hash_fn(parent, block._token_ids, block._extra_hash)
+            block._cached_content_hash = parent
+        return parent
+
+    @classmethod
+    def hash_block_tokens(
+        cls,
+        is_first_block: bool,
+        prev_block_hash: Optional[int],
+        cur_block_token_ids: List[int],
+        extra_hash: Optional[int] = None,
+    ) -> int:
+        """vLLM's builtin content hash of one block."""
+        if is_first_block and prev_block_hash is None:
+            prev_block_hash = NONE_HASH
+        return hash((is_first_block, prev_block_hash, *cur_block_token_ids, extra_hash))
+
+    @property
+    def computed(self) -> bool:
+        return self._computed
+
+    @computed.setter
+    def computed(self, value: bool) -> None:
+        self._computed = value
+
+    @property
+    def last_accessed(self) -> float:
+        return self._last_accessed
+
+    @last_accessed.setter
+    def last_accessed(self, last_accessed_ts: float) -> None:
+        self._last_accessed = last_accessed_ts
+
+    @property
+    def block_id(self) -> Optional[int]:
+        return self._block_id
+
+    @block_id.setter
+    def block_id(self, value: Optional[int]) -> None:
+        self._block_id = value
+
+    @property
+    def is_full(self) -> bool:
+        return len(self._token_ids) == self._block_size
+
+    @property
+    def num_empty_slots(self) -> int:
+        return self._block_size - len(self._token_ids)
+
+    @property
+    def num_tokens_total(self) -> int:
+        return self._num_tokens_total
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def token_ids(self) -> List[int]:
+        return self._token_ids
+
+    @property
+    def prev_block(self) -> Optional[Block]:
+        return self._prev_block
+
+    @property
+    def extra_hash(self) -> Optional[int]:
+        return self._extra_hash
+
+
+def assert_prefix_caching_block_or_none(block: Optional[Block]) -> None:
+    """Raise WrongTypeError unless ``block`` is a PrefixCachingBlock or None."""
+    if block is not None and not isinstance(block, PrefixCachingBlock):
+        raise WrongTypeError(f"got block = {block}")
+
+
+class ComputedBlocksTracker:
+    """Per sequence: the content hashes of its full blocks (extended as it
+    grows) and how many of its tokens are cached and computed.
+
+    Hashes the way the GPU allocator does (its ``content_hash_function``,
+    vLLM's builtin hash when it has none)."""
+
+    _none_hash: int = NONE_HASH
+
+    def __init__(self, allocator: object, block_size: int, enable_caching: bool) -> None:
+        self._allocator = allocator
+        self._block_size = block_size
+        self._enable_caching = enable_caching
+        hash_fn = getattr(allocator, "content_hash_function", None)
+        self._hash_fn: HashFunction = hash_fn if callable(hash_fn) else builtin_hash
+        self._seq_id_to_blocks_hashes: Dict[int, List[int]] = {}
+        self._seq_id_to_num_tokens_computed: Dict[int, int] = {}
+
+    def _update_seq_hashes(self, seq: object) -> List[int]:
+        """Extend the recorded hashes of ``seq`` to its current full blocks."""
+        seq_id: int = seq.seq_id  # type: ignore[attr-defined]
+        hashes = self._seq_id_to_blocks_hashes.setdefault(seq_id, [])
+        token_ids: List[int] = seq.get_token_ids()  # type: ignore[attr-defined]
+        size = self._block_size
+        if len(token_ids) < len(hashes) * size:
+            raise InvalidArgumentError(
+                f"sequence {seq_id} shrank below the {len(hashes)} blocks already recorded"
+            )
+        parent: Optional[int] = hashes[-1] if hashes else None
+        extra_hash = seq.extra_hash()  # type: ignore[attr-defined]
+        for start in range(len(hashes) * size, len(token_ids) - size + 1, size):
+            parent = self._hash_fn(parent, token_ids[start:start + size], extra_hash)
+            hashes.append(parent)
+        return hashes
+
+    def get_num_cached_tokens(self, seq: object) -> int:
+        """Tokens of ``seq`` covered by cached, computed blocks (0 when caching
+        is off).  While the sequence is in prefill, the first answer sticks."""
+        if not self._enable_caching:
+            return 0
+        hashes = self._update_seq_hashes(seq)
+        seq_id: int = seq.seq_id  # type: ignore[attr-defined]
+        previous = self._seq_id_to_num_tokens_computed.get(seq_id)
+        if previous is not None and seq.is_prefill():  # type: ignore[attr-defined]
+            return previous
+        cached = self._allocator.find_cached_blocks_prefix(hashes)  # type: ignore[attr-defined]
+        num_tokens = len(cached) * self._block_size
+        self._seq_id_to_num_tokens_computed[seq_id] = num_tokens
+        return num_tokens
+
+    def remove_seq(self, seq_id: int) -> None:
+        """Forget ``seq_id`` (it must have been queried)."""
+        if not self._enable_caching:
+            return
+        if (seq_id not in self._seq_id_to_blocks_hashes
+                or seq_id not in self._seq_id_to_num_tokens_computed):
+            raise UnknownBlockIdError(f"sequence {seq_id} is not tracked")
+        del self._seq_id_to_blocks_hashes[seq_id]
+        del self._seq_id_to_num_tokens_computed[seq_id]
+
+
+class LastAccessBlocksTracker:
+    """Per sequence: the time it last ran, passed on to the allocator's
+    ``mark_blocks_as_accessed`` when asked (vLLM defers it to this moment)."""
+
+    def __init__(self, allocator: object) -> None:
+        self._allocator = allocator
+        self._seq_last_access: Dict[int, Optional[float]] = {}
+
+    def _check_known(self, seq_id: int) -> None:
+        if seq_id not in self._seq_last_access:
+            raise UnknownBlockIdError(f"sequence {seq_id} is not tracked")
+
+    def add_seq(self, seq_id: int) -> None:
+        """Start tracking ``seq_id`` (with no time yet)."""
+        if seq_id in self._seq_last_access:
+            raise InvalidArgumentError(f"sequence {seq_id} is already tracked")
+        self._seq_last_access[seq_id] = None
+
+    def remove_seq(self, seq_id: int) -> None:
+        """Stop tracking ``seq_id``."""
+        self._check_known(seq_id)
+        del self._seq_last_access[seq_id]
+
+    def update_last_access(self, seq_id: int, time: float) -> None:
+        """Record that ``seq_id`` ran at ``time``."""
+        self._check_known(seq_id)
+        self._seq_last_access[seq_id] = time
+
+    def update_seq_blocks_last_access(self, seq_id: int, block_ids: List[int]) -> None:
+        """Mark ``block_ids`` accessed at ``seq_id``'s recorded time (nothing
+        when no time was recorded)."""
+        self._check_known(seq_id)
+        time = self._seq_last_access[seq_id]
+        if time is None:
+            return
+        self._allocator.mark_blocks_as_accessed(block_ids, time)  # type: ignore[attr-defined]
