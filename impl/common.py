@@ -173,7 +173,7 @@ class BlockPool:
         these arguments and the pool's allocator."""
         free_ids = self._free_ids
         if free_ids:
-            pool_id = free_ids.popleft()
+            pool_id = free_ids[0]  # taken only once the object accepted the arguments
             block = self._pool[pool_id]
             block.__init__(  # type: ignore[misc]
                 prev_block=prev_block,
@@ -183,11 +183,10 @@ class BlockPool:
                 block_id=physical_block_id,
                 extra_hash=extra_hash,
             )
+            free_ids.popleft()
             block.pool_id = pool_id  # type: ignore[attr-defined]
             return block
         pool_id = len(self._pool)
-        if pool_id >= self._pool_size:
-            self.increase_pool()
         block = self._create_block(
             prev_block=prev_block,
             token_ids=token_ids,
@@ -196,13 +195,49 @@ class BlockPool:
             block_id=physical_block_id,
             extra_hash=extra_hash,
         )
+        if pool_id >= self._pool_size:
+            self.increase_pool()
         block.pool_id = pool_id  # type: ignore[attr-defined]
         self._pool.append(block)
         return block
 
+    def holds(self, block: Block) -> bool:
+        """Whether ``block`` is the object of one of this pool's slots."""
+        slot = getattr(block, "pool_id", None)
+        return type(slot) is int and 0 <= slot < len(self._pool) and self._pool[slot] is block
+
     def free_block(self, block: Block) -> None:
-        """Return ``block``'s slot to the left end of the free slots."""
-        self._free_ids.appendleft(block.pool_id)  # type: ignore[attr-defined]
+        """Return ``block``'s slot to the left end of the free slots (a Block
+        this pool does not hold is left alone)."""
+        if self.holds(block):
+            self._free_ids.appendleft(block.pool_id)  # type: ignore[attr-defined]
+
+    def adopt(self, block: Block) -> None:
+        """Make ``block`` (a taken object of another pool, or of none) a taken
+        object of this pool.  Its old pool gets a fresh object in the slot it
+        leaves, which is free again; so a Block swapped to another device is
+        later freed into the pool that now owns it, and never into a slot of
+        its old pool that another Block holds."""
+        if self.holds(block):
+            return
+        old_pool = getattr(getattr(block, "_allocator", None), "_block_pool", None)
+        if isinstance(old_pool, BlockPool):
+            old_pool._give_away(block)
+        block.pool_id = len(self._pool)  # type: ignore[attr-defined]
+        self._pool.append(block)
+        self._pool_size = max(self._pool_size, len(self._pool))
+
+    def _give_away(self, block: Block) -> None:
+        if not self.holds(block):
+            return
+        slot: int = getattr(block, "pool_id")  # noqa: B009 (not every Block has one)
+        fresh = self._create_block(
+            prev_block=None, token_ids=[], block_size=self._block_size,
+            allocator=self._allocator, block_id=None, extra_hash=None,
+        )
+        fresh.pool_id = slot  # type: ignore[attr-defined]
+        self._pool[slot] = fresh
+        self._free_ids.append(slot)
 
 
 class BlockList:
@@ -335,6 +370,40 @@ def check_token_ids(token_ids: object, room: int) -> None:
     for token in token_ids:
         if type(token) is not int:
             raise WrongTypeError(f"a token id must be an int, got {token!r}")
+
+
+def check_blocks(blocks: object) -> None:
+    """Reject anything but a list (or tuple) of Blocks."""
+    if not isinstance(blocks, (list, tuple)):
+        raise WrongTypeError(f"expected a list of Blocks, got {type(blocks).__name__}")
+    for block in blocks:
+        if not isinstance(block, Block):
+            raise WrongTypeError(f"expected a Block, got {type(block).__name__}")
+
+
+def check_list_of_lists(values: object, what: str) -> None:
+    """Reject anything but a list (or tuple) of lists (or tuples)."""
+    if not isinstance(values, (list, tuple)) or not all(
+            isinstance(v, (list, tuple)) for v in values):
+        raise WrongTypeError(f"{what} must be a list of lists")
+
+
+def check_distinct_blocks(blocks: Iterable[Block]) -> None:
+    """Reject a list that names one Block object twice."""
+    seen: set[int] = set()
+    for block in blocks:
+        if id(block) in seen:
+            raise InvalidArgumentError("the same Block is listed twice")
+        seen.add(id(block))
+
+
+def check_timestamp(now: object) -> None:
+    """Reject an access time that is not a number, or is NaN (which would
+    break the eviction order)."""
+    if type(now) not in (int, float):
+        raise WrongTypeError(f"now must be a number, got {now!r}")
+    if now != now:
+        raise InvalidArgumentError("now must not be NaN")
 
 
 def check_extra_hash(extra_hash: object) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
+from .common import check_blocks
 from .errors import (
     DetachedBlockError,
     InvalidArgumentError,
@@ -72,6 +73,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def __init__(self, cpu_block_allocator: BlockAllocator,
                  gpu_block_allocator: BlockAllocator) -> None:
+        for name, value in (("cpu_block_allocator", cpu_block_allocator),
+                            ("gpu_block_allocator", gpu_block_allocator)):
+            if not isinstance(getattr(value, "all_block_ids", None), frozenset):
+                raise WrongTypeError(f"{name} must be a block allocator, got {value!r}")
         overlap = cpu_block_allocator.all_block_ids & gpu_block_allocator.all_block_ids
         if overlap:
             raise InvalidArgumentError(
@@ -171,6 +176,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         cannot take them all, NoFreeBlocksError and nothing moves."""
         src = self._allocator_of(src_device)
         dst = self._allocator_of(dst_device)
+        check_blocks(blocks)
         check_releasable = getattr(src, "_check_releasable", None)
         if check_releasable is not None:
             check_releasable(blocks)

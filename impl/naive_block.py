@@ -17,6 +17,9 @@ from .common import (
     CopyOnWriteTracker,
     RefCounter,
     check_block_ids,
+    check_blocks,
+    check_distinct_blocks,
+    check_list_of_lists,
     check_sizes,
     check_token_ids,
     get_all_blocks_recursively,
@@ -185,6 +188,7 @@ class NaiveBlockAllocator(BlockAllocator):
         taken when there are fewer free ids than lists."""
         check_no_device(device)
         self._check_prev_block(prev_block)
+        check_list_of_lists(block_token_ids, "block_token_ids")
         for token_ids in block_token_ids:
             check_token_ids(token_ids, self._block_size)
         self._check_free_ids(len(block_token_ids))
@@ -211,6 +215,7 @@ class NaiveBlockAllocator(BlockAllocator):
     def fork(self, last_block: Block) -> List[Block]:
         """A new chain of Blocks sharing the ids of ``last_block``'s chain:
         each id gains one reference.  O(chain length), no recursion."""
+        self._check_owned(last_block)
         chain = get_all_blocks_recursively(last_block)
         for block in chain:
             self._check_owned(block)
@@ -268,13 +273,17 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def get_physical_block_id(self, absolute_id: int) -> int:
         """The rank of ``absolute_id`` among the sorted ids. O(1)."""
-        rank = self._physical_index.get(absolute_id)
+        try:
+            rank = self._physical_index.get(absolute_id)
+        except TypeError as exc:
+            raise WrongTypeError(f"a block id must be an int, got {absolute_id!r}") from exc
         if rank is None:
             raise UnknownBlockIdError(f"block id {absolute_id!r} is not managed here")
         return rank
 
     def get_num_full_blocks_touched(self, blocks: List[Block]) -> int:
         """How many distinct full Block objects ``blocks`` holds."""
+        check_blocks(blocks)
         return len({id(block) for block in blocks if block.is_full})
 
     # -- prefix-caching hooks: inert without a cache ----------------------------------
@@ -309,6 +318,8 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def swap_out(self, blocks: List[Block]) -> None:
         """Drop each block's reference and detach it; the objects are kept."""
+        check_blocks(blocks)
+        check_distinct_blocks(blocks)
         self._check_releasable(blocks)
         for block in blocks:
             self._free_block_id(block)
@@ -321,12 +332,15 @@ class NaiveBlockAllocator(BlockAllocator):
         """Give each detached block a new id, in order (and make this
         allocator its owner).  All or nothing: NoFreeBlocksError and no id
         taken when they do not all fit."""
+        check_blocks(blocks)
         check_detached(blocks)
+        check_distinct_blocks(blocks)
         self._check_free_ids(self.swap_in_demand(blocks))
         for block in blocks:
             block.block_id = self._allocate_block_id()
             rebind = getattr(block, "_rebind_allocator", None)
             if rebind is not None:
+                self._block_pool.adopt(block)
                 rebind(self)
 
 

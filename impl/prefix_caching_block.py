@@ -20,14 +20,19 @@ the capacity it needs before it changes anything.
 from __future__ import annotations
 
 import logging
+from itertools import takewhile
 from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from .common import (
     BlockPool,
     CacheMetricData,
     CopyOnWriteTracker,
+    check_blocks,
+    check_distinct_blocks,
     check_extra_hash,
+    check_list_of_lists,
     check_sizes,
+    check_timestamp,
     check_token_ids,
     get_all_blocks_recursively,
 )
@@ -51,6 +56,7 @@ from .naive_block import NaiveBlockAllocator, check_detached, check_no_device
 logger = logging.getLogger(__name__)
 
 _DEFAULT_LAST_ACCESSED_TIME = -1
+_NO_TOKENS: List[int] = []  # read only: copied into each new mutable Block
 
 
 class BlockTracker:
@@ -128,6 +134,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._touched_blocks: Set[BlockId] = set()
         self._cow_tracker = CopyOnWriteTracker(self._refcounter.as_readonly())
         self.metric_data = CacheMetricData()
+        # The pool's slot table and free slots (both objects live as long as the pool).
+        self._pool_blocks = self._block_pool._pool
+        self._pool_free_slots = self._block_pool._free_ids
 
     def _create_block(
         self,
@@ -294,12 +303,54 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         tracker.computed = False
 
     def _release_block(self, block: PrefixCachingBlock, block_id: BlockId) -> None:
-        """Drop ``block``'s reference to ``block_id`` (immutable or mutable)."""
-        content_hash = block.content_hash
+        """Drop ``block``'s reference to ``block_id``.  At 0 an immutable id
+        (cached under the block's hash) becomes evictable with its tracked
+        access time, a mutable one free (on the left)."""
+        content_hash = block._cached_content_hash
+        if content_hash is None and len(block._token_ids) == block._block_size:
+            content_hash = block.content_hash
+        refcounts = self._refcounts
+        count = refcounts[block_id] - 1
+        refcounts[block_id] = count
+        if count:
+            return
+        tracker = self._block_tracker[block_id]
         if content_hash is not None and self._cached_blocks.get(content_hash) == block_id:
-            self._release_cached(block_id, content_hash, block._num_tokens_total)
+            self.evictor.add(block_id, content_hash, block._num_tokens_total,
+                             tracker.last_accessed)
         else:
-            self._release_hashless(block_id)
+            self._free_ids.appendleft(block_id)
+        tracker.active = False
+        tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+        tracker.computed = False
+
+    def _pooled_block(
+        self, prev_block: Optional[Block], token_ids: List[int], block_id: BlockId,
+        extra_hash: Optional[int],
+    ) -> PrefixCachingBlock:
+        """A Block on ``block_id`` holding a copy of ``token_ids``, not computed
+        and without a known hash.  The caller checked the arguments, so a free
+        pooled object is re-initialised in place without validation (the
+        pool's ``init_block`` runs only when the pool must grow)."""
+        slots = self._pool_free_slots
+        if not slots:
+            return self._block_pool.init_block(  # type: ignore[return-value]
+                prev_block=prev_block, token_ids=token_ids, block_size=self._block_size,
+                physical_block_id=block_id, extra_hash=extra_hash,
+            )
+        block: PrefixCachingBlock = self._pool_blocks[slots.popleft()]  # type: ignore[assignment]
+        block._prev_block = prev_block  # type: ignore[assignment]  # checked by the caller
+        block._token_ids = list(token_ids)
+        block._block_id = block_id
+        block._extra_hash = extra_hash
+        block._computed = False
+        block._last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+        block._cached_content_hash = None
+        block._unhashable = False
+        block._num_tokens_total = len(token_ids) + (
+            0 if prev_block is None else prev_block.num_tokens_total
+        )
+        return block
 
     def _allocate_full(
         self, prev_block: Optional[Block], token_ids: List[int], extra_hash: Optional[int],
@@ -317,10 +368,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             block_id = self._take_id()
             self._cached_blocks[content_hash] = block_id
             self._touched_blocks.add(block_id)
-        block: PrefixCachingBlock = self._block_pool.init_block(  # type: ignore[assignment]
-            prev_block=prev_block, token_ids=token_ids, block_size=self._block_size,
-            physical_block_id=block_id, extra_hash=extra_hash,
-        )
+        block = self._pooled_block(prev_block, token_ids, block_id, extra_hash)
         block._cached_content_hash = content_hash
         if cached_id is not None:
             block._computed = True
@@ -337,12 +385,10 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """An empty Block on a fresh id (the leftmost free id, else the first
         evictor victim, which leaves the cache).  Raises NoFreeBlocksError
         when neither exists."""
-        self._check_new_block_args(prev_block, extra_hash, device)
-        block_id = self._take_id()
-        return self._block_pool.init_block(
-            prev_block=prev_block, token_ids=[], block_size=self._block_size,
-            physical_block_id=block_id, extra_hash=extra_hash,
-        )
+        if device is not None or extra_hash is not None or (
+                prev_block is not None and not isinstance(prev_block, PrefixCachingBlock)):
+            self._check_new_block_args(prev_block, extra_hash, device)
+        return self._pooled_block(prev_block, _NO_TOKENS, self._take_id(), extra_hash)
 
     def allocate_immutable_block(
         self,
@@ -372,6 +418,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         Block chained to the one before.  All or nothing: when the ids do not
         suffice NoFreeBlocksError is raised and nothing changes."""
         self._check_new_block_args(prev_block, extra_hash, device)
+        check_list_of_lists(block_token_ids, "block_token_ids")
         hashes = self._full_block_hashes(prev_block, block_token_ids, extra_hash)
         self._check_capacity(self._demand(hashes))
         blocks: List[Block] = []
@@ -411,6 +458,10 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         reference; else a fresh id, with ``(old, new)`` recorded, the old id
         losing one reference and ``block`` moved to the new id.  All or
         nothing: NoFreeBlocksError leaves ``block`` on its old id."""
+        if isinstance(block, PrefixCachingBlock) and block._allocator is self:
+            src = block._block_id
+            if src is not None and self._refcounts.get(src) == 1:
+                return src
         src = self._check_owned(block)
         if self._refcounts[src] <= 1:
             return src
@@ -426,7 +477,10 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def clear_copy_on_writes(self) -> List[Tuple[BlockId, BlockId]]:
         """The recorded copy-on-write pairs, in order; the record is cleared."""
-        return self._cow_tracker.clear_cows()
+        tracker = self._cow_tracker
+        if not tracker._copy_on_writes:
+            return []
+        return tracker.clear_cows()
 
     # -- freeing and forking ----------------------------------------------------------
 
@@ -436,7 +490,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         The Block object returns to the pool unless ``keep_block_object``."""
         block_id = self._check_owned(block)
         self._release_block(block, block_id)  # type: ignore[arg-type]
-        block.block_id = None
+        block._block_id = None  # type: ignore[attr-defined]
         if not keep_block_object:
             self._block_pool.free_block(block)
 
@@ -444,6 +498,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """A new chain of Blocks sharing the ids of ``last_block``'s chain
         (each id gains a reference); same tokens and extra hashes, not
         computed.  O(chain length), no recursion."""
+        self._check_owned(last_block)
         chain = get_all_blocks_recursively(last_block)
         for block in chain:
             self._check_owned(block)
@@ -453,19 +508,18 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             source: PrefixCachingBlock = block  # type: ignore[assignment]
             block_id: BlockId = source._block_id  # type: ignore[assignment]
             self._refcounts[block_id] += 1
-            prev = self._block_pool.init_block(  # type: ignore[assignment]
-                prev_block=prev, token_ids=source._token_ids, block_size=self._block_size,
-                physical_block_id=block_id, extra_hash=source._extra_hash,
-            )
-            prev._cached_content_hash = source._cached_content_hash  # type: ignore[union-attr]
-            forked.append(prev)  # type: ignore[arg-type]
+            prev = self._pooled_block(prev, source._token_ids, block_id, source._extra_hash)
+            prev._cached_content_hash = source._cached_content_hash
+            prev._unhashable = source._unhashable
+            forked.append(prev)
         return forked
 
     # -- counts and lookups ---------------------------------------------------------------
 
     def get_num_free_blocks(self, device: Optional[Device] = None) -> int:
         """Free plus evictable ids: exactly how many allocations succeed."""
-        check_no_device(device)
+        if device is not None:
+            check_no_device(device)
         return len(self._free_ids) + self.evictor.num_blocks
 
     def get_num_total_blocks(self) -> int:
@@ -484,6 +538,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def is_block_cached(self, block: Block) -> bool:
         """Whether ``block``'s content hash is cached (UnhashableBlockError
         when it has none)."""
+        if not isinstance(block, Block):
+            raise WrongTypeError(f"expected a Block, got {type(block).__name__}")
         content_hash = block.content_hash
         if content_hash is None:
             raise UnhashableBlockError("the block has no content hash")
@@ -493,7 +549,10 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """Whether the KV of ``block_id`` is computed: the tracked flag of an
         id in use; for an evictable id, True unless it was promoted and not
         yet marked computed; False for a free id."""
-        tracker = self._block_tracker.get(block_id)
+        try:
+            tracker = self._block_tracker.get(block_id)
+        except TypeError as exc:
+            raise WrongTypeError(f"a block id must be an int, got {block_id!r}") from exc
         if tracker is None:
             raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
         if tracker.active:
@@ -503,6 +562,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def get_num_full_blocks_touched(self, blocks: List[Block]) -> int:
         """How many of ``blocks`` are full and would take an id: not cached,
         or cached on an evictable id.  Repeats count each time."""
+        check_blocks(blocks)
         cached = self._cached_blocks
         evictor = self.evictor
         touched = 0
@@ -520,15 +580,27 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def find_cached_blocks_prefix(self, block_hashes: List[int]) -> List[int]:
         """The longest prefix of ``block_hashes`` whose blocks are all cached
-        and computed.  O(length of the answer)."""
+        and computed.  O(length of the answer), in C but for touched ids.
+
+        A cached id is computed exactly when it is not touched (the spec's
+        ``touched_not_computed`` and ``untouched_content_computed``), so the
+        answer is the cached run of hashes cut before the first touched id."""
+        if not isinstance(block_hashes, (list, tuple)):
+            raise WrongTypeError(f"block_hashes must be a list, got {type(block_hashes).__name__}")
         cached = self._cached_blocks
-        count = 0
-        for content_hash in block_hashes:
-            block_id = cached.get(content_hash)
-            if block_id is None or not self.block_is_computed(block_id):
-                break
-            count += 1
-        return block_hashes[:count]
+        try:
+            prefix = list(takewhile(cached.__contains__, block_hashes))
+        except TypeError as exc:
+            raise WrongTypeError(f"a content hash must be an int: {exc}") from exc
+        touched = self._touched_blocks
+        if touched and prefix and not touched.isdisjoint(map(cached.__getitem__, prefix)):
+            for index, content_hash in enumerate(prefix):
+                if cached[content_hash] in touched:
+                    del prefix[index:]
+                    break
+        if type(block_hashes) is list:
+            return prefix
+        return block_hashes[:len(prefix)]
 
     # -- access times and the computed flag ------------------------------------------------
 
@@ -537,11 +609,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         in the evictor (which reorders).  All or nothing: an unknown id
         raises UnknownBlockIdError (a KeyError), a free id
         BlockNotOnDeviceError (a ValueError)."""
-        if type(now) not in (int, float):
-            raise WrongTypeError(f"now must be a number, got {now!r}")
+        check_timestamp(now)
+        if not isinstance(block_ids, (list, tuple)):
+            raise WrongTypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
         trackers = self._block_tracker
         for block_id in block_ids:
-            tracker = trackers.get(block_id)
+            tracker = trackers.get(block_id) if type(block_id) is int else None
             if tracker is None:
                 raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
             if not tracker.active and block_id not in self.evictor:
@@ -558,16 +631,20 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def mark_blocks_as_computed(self, block_ids: List[int]) -> None:
         """Mark every touched id computed and clear the touched set (the
         argument is ignored, as in vLLM)."""
+        touched = self._touched_blocks
+        if not touched:
+            return
         trackers = self._block_tracker
-        for block_id in self._touched_blocks:
+        for block_id in touched:
             tracker = trackers[block_id]
             if tracker.active:
                 tracker.computed = True
-        self._touched_blocks.clear()
+        touched.clear()
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: List[List[int]]) -> List[int]:
         """One list: that list itself.  Otherwise the longest common prefix of
         the non-empty lists (``[]`` when there are none)."""
+        check_list_of_lists(computed_seq_block_ids, "computed_seq_block_ids")
         if len(computed_seq_block_ids) == 1:
             return computed_seq_block_ids[0]
         lists = [ids for ids in computed_seq_block_ids if ids]
@@ -586,6 +663,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def swap_out(self, blocks: List[Block]) -> None:
         """Drop each block's reference and detach it (the objects are kept;
         immutable ids become evictable and stay cached)."""
+        check_blocks(blocks)
+        check_distinct_blocks(blocks)
         self._check_releasable(blocks)
         for block in blocks:
             self._release_block(block, block.block_id)  # type: ignore[arg-type]
@@ -599,10 +678,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """Give each detached block an id, in order: a full hashable block as
         ``allocate_immutable_block`` would (it may hit; one query), any other
         a fresh id.  The blocks become this allocator's.  All or nothing."""
+        check_blocks(blocks)
         for block in blocks:
             if not isinstance(block, PrefixCachingBlock):
                 raise WrongTypeError(f"expected a PrefixCachingBlock, got {type(block).__name__}")
         check_detached(blocks)
+        check_distinct_blocks(blocks)
         self._check_capacity(self.swap_in_demand(blocks))
         for block in blocks:
             content_hash = block.content_hash
@@ -619,6 +700,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                     self._cached_blocks[content_hash] = block_id
                     self._touched_blocks.add(block_id)
             block._block_id = block_id  # type: ignore[attr-defined]
+            self._block_pool.adopt(block)
             block._allocator = self  # type: ignore[attr-defined]
 
     # -- reset --------------------------------------------------------------------------
@@ -647,12 +729,14 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 class PrefixCachingBlock(Block):
     """A block whose full content is keyed by a chained content hash.
 
-    The hash is computed once, when first asked for after the block is full,
-    and only when every earlier block is full and hashed."""
+    Whether a block has content is decided once, when it becomes full: it
+    has a hash only if its previous block has one at that moment; a block
+    that filled after a non-full block never gets one (``_unhashable``).  The
+    value itself is computed when first asked for, and kept."""
 
     __slots__ = ("_prev_block", "_token_ids", "_block_size", "_allocator", "_block_id",
                  "_extra_hash", "_computed", "_last_accessed", "_cached_content_hash",
-                 "_num_tokens_total", "pool_id")
+                 "_unhashable", "_num_tokens_total", "pool_id")
 
     _none_hash: int = NONE_HASH
 
@@ -680,39 +764,67 @@ class PrefixCachingBlock(Block):
         self._computed = computed
         self._last_accessed: float = _DEFAULT_LAST_ACCESSED_TIME
         self._cached_content_hash: Optional[int] = None
+        self._unhashable = False
         self._num_tokens_total: int = len(self._token_ids) + (
             0 if prev_block is None else prev_block.num_tokens_total
         )
+        if len(self._token_ids) == block_size:
+            self._settle_hashability()
+
+    def _settle_hashability(self) -> None:
+        """Called when the block becomes full: without a hashed previous block
+        now, it has no content hash, ever."""
+        prev = self._prev_block
+        if prev is not None:
+            prev_hash = prev.content_hash
+            if prev_hash is None or prev_hash == NONE_HASH:
+                self._unhashable = True
 
     def append_token_ids(self, token_ids: List[int]) -> None:
         """Append tokens.  A shared id is first copied (copy-on-write through
         the allocator); a block that becomes full and hashable is promoted
         (its id may change to a cached one).  All or nothing."""
-        if self._computed or self.content_hash is not None:
+        tokens = self._token_ids
+        size = self._block_size
+        used = len(tokens)
+        if self._computed or self._cached_content_hash is not None or (
+                used == size and self.content_hash is not None):
             raise ImmutableBlockError("cannot append to an immutable or computed block")
         if not token_ids:
             return
-        check_token_ids(token_ids, self._block_size - len(self._token_ids))
-        if self._block_id is not None:
-            self._block_id = self._allocator.cow_block_if_not_appendable(self)
-        self._token_ids.extend(token_ids)
-        self._num_tokens_total += len(token_ids)
-        if self._block_id is not None and self.content_hash is not None:
-            self._block_id = self._allocator.promote_to_immutable_block(self)
+        count = len(token_ids)
+        if type(token_ids) is not list or count != 1 or used == size or type(
+                token_ids[0]) is not int:
+            check_token_ids(token_ids, size - used)
+        block_id = self._block_id
+        if block_id is not None:
+            allocator = self._allocator
+            # The allocator's copy-on-write, unless this is its sole reference
+            # (which is all cow_block_if_not_appendable would check).
+            if (type(allocator) is not PrefixCachingBlockAllocator
+                    or allocator._refcounts.get(block_id) != 1):
+                self._block_id = allocator.cow_block_if_not_appendable(self)
+        tokens.extend(token_ids)
+        self._num_tokens_total += count
+        if used + count == size:
+            self._settle_hashability()
+            if self._block_id is not None and self.content_hash is not None:
+                self._block_id = self._allocator.promote_to_immutable_block(self)
 
     @property
     def content_hash(self) -> Optional[int]:
-        """The chained content hash, or None while this block or an earlier
-        one is not full.  Computed without recursion and kept."""
+        """The chained content hash, or None while this block is not full, or
+        when an earlier block was not full or hashed as this one filled.
+        Computed without recursion and kept."""
         content_hash = self._cached_content_hash
         if content_hash is not None:
             return content_hash
-        if len(self._token_ids) != self._block_size:
+        if len(self._token_ids) != self._block_size or self._unhashable:
             return None
         pending: List[PrefixCachingBlock] = [self]
         prev = self._prev_block
         while isinstance(prev, PrefixCachingBlock) and prev._cached_content_hash is None:
-            if len(prev._token_ids) != prev._block_size:
+            if len(prev._token_ids) != prev._block_size or prev._unhashable:
                 return None
             pending.append(prev)
             prev = prev._prev_block

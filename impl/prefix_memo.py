@@ -1,0 +1,129 @@
+"""A memo that makes ``find_cached_blocks_prefix`` cost O(what changed)
+instead of O(the list) for a caller that asks about the same list again
+and again, as vLLM's ``ComputedBlocksTracker`` does: it passes each running
+sequence's own list of block hashes every scheduler step, growing it by
+appending.
+
+Why remembering is exact: a hash that is cached and computed stays so until
+it leaves the cache.  A cached id becomes "touched" (not computed) only at
+the moment it is cached, never later while it stays cached, and a hash
+leaves the cache only by eviction or ``reset_prefix_cache``.  So a prefix
+found cached and computed is still so, except for the hashes evicted since;
+the allocator reports every eviction here (:meth:`PrefixMemo.evicted`) and
+forgets everything on a reset (:meth:`PrefixMemo.clear`).
+
+A remembered list is recognised by identity and verified by content (a
+list changed in place or shortened is examined afresh).  The memo keeps a
+reference to at most ``capacity`` lists and at most ``log_limit`` evictions;
+beyond either it starts over, which costs one full examination per list.
+"""
+
+from __future__ import annotations
+
+from itertools import takewhile
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, TypeVar
+
+HashList = TypeVar("HashList", bound=Sequence[int])
+
+
+class _Entry:
+    """What is remembered about one list: the list itself (held, so its id
+    stays unique), a copy of its content, the length of its cached and
+    computed prefix, the first index of each hash of that prefix, and how
+    much of the eviction log had been read."""
+
+    __slots__ = ("source", "snapshot", "length", "positions", "log_position")
+
+    def __init__(self, source: List[int], length: int, log_position: int) -> None:
+        self.source = source
+        self.snapshot: List[int] = source[:]
+        self.length = length
+        prefix = source[:length]
+        # the first occurrence wins: later (smaller) indices overwrite
+        self.positions: Dict[int, int] = dict(zip(reversed(prefix),
+                                                  range(length - 1, -1, -1)))
+        self.log_position = log_position
+
+
+class PrefixMemo:
+    """The cached-and-computed prefix of hash lists, remembered per list.
+
+    Costs: a remembered, unchanged list O(len) in C (a content comparison
+    and the returned slice) plus O(1) per hash newly appended or evicted
+    since; anything else O(len) dictionary lookups, like no memo."""
+
+    __slots__ = ("_entries", "_log", "capacity", "log_limit")
+
+    def __init__(self, capacity: int = 1024, log_limit: int = 16384) -> None:
+        self._entries: Dict[int, _Entry] = {}
+        self._log: List[int] = []
+        self.capacity = capacity
+        self.log_limit = log_limit
+
+    def clear(self) -> None:
+        """Forget every list and every eviction (after a cache reset)."""
+        self._entries.clear()
+        self._log.clear()
+
+    def evicted(self, content_hash: int) -> None:
+        """Record that ``content_hash`` left the cache."""
+        log = self._log
+        log.append(content_hash)
+        if len(log) > self.log_limit:
+            self.clear()
+
+    def find(self, block_hashes: HashList, cached: Mapping[int, int],
+             touched: Collection[int]) -> HashList:
+        """The longest prefix of ``block_hashes`` (a slice of it) whose hashes
+        are in ``cached`` with an id not in ``touched``."""
+        if type(block_hashes) is not list:
+            return block_hashes[:_scan(block_hashes, 0, cached, touched, None)]  # type: ignore[return-value]
+        entry = self._entries.get(id(block_hashes))
+        if entry is None or entry.source is not block_hashes or not _unchanged(
+                block_hashes, entry.snapshot):
+            length = _scan(block_hashes, 0, cached, touched, None)
+            entries = self._entries
+            if len(entries) >= self.capacity:
+                entries.clear()
+            entries[id(block_hashes)] = _Entry(block_hashes, length, len(self._log))
+            return block_hashes[:length]  # type: ignore[return-value]
+        length = entry.length
+        log = self._log
+        position = entry.log_position
+        if position < len(log):
+            positions = entry.positions
+            for index in range(position, len(log)):
+                found = positions.get(log[index])
+                if found is not None and found < length:
+                    length = found
+            entry.log_position = len(log)
+        if length < len(block_hashes):
+            length = _scan(block_hashes, length, cached, touched, entry.positions)
+            if len(block_hashes) > len(entry.snapshot):
+                entry.snapshot = block_hashes[:]
+        entry.length = length
+        return block_hashes[:length]  # type: ignore[return-value]
+
+
+def _unchanged(block_hashes: List[int], snapshot: List[int]) -> bool:
+    """Whether ``block_hashes`` still starts with ``snapshot``."""
+    size = len(snapshot)
+    if len(block_hashes) == size:
+        return block_hashes == snapshot
+    return len(block_hashes) > size and block_hashes[:size] == snapshot
+
+
+def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
+          touched: Collection[int], positions: Optional[Dict[int, int]]) -> int:
+    """The end of the cached, untouched run of ``block_hashes`` from
+    ``start``; its hashes are added to ``positions`` (first index wins)."""
+    run = list(takewhile(cached.__contains__, block_hashes[start:] if start else block_hashes))
+    if touched and run and not touched.isdisjoint(map(cached.__getitem__, run)):  # type: ignore[attr-defined]
+        for index, content_hash in enumerate(run):
+            if cached[content_hash] in touched:
+                del run[index:]
+                break
+    if positions is not None:
+        for offset, content_hash in enumerate(run):
+            positions.setdefault(content_hash, start + offset)
+    return start + len(run)

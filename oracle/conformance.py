@@ -1,0 +1,36 @@
+"""One line gives a pytest user a conformance test for their allocator::
+
+    TestMine = conformance_test("mypkg.alloc:MyAllocator")
+
+The test runs the oracle's state machine against the target with the
+profile ``ci`` when the ``CI`` environment variable is set, ``dev``
+otherwise (or the one named).
+"""
+
+from __future__ import annotations
+
+import unittest
+from typing import Optional, Union
+
+from .machine import make_machine
+from .profiles import default_profile, profile_settings
+from .targets import Factory, resolve_target
+
+
+def conformance_test(
+    target: Union[str, Factory, None] = None,
+    *,
+    kind: Optional[str] = None,
+    strict: bool = True,
+    mistakes: bool = True,
+    white_box: bool = True,
+    profile: Optional[str] = None,
+) -> type[unittest.TestCase]:
+    """A ``unittest.TestCase`` class (collected by pytest) whose one test
+    fuzzes ``target`` against the model.  ``strict=False`` accepts any free
+    id the spec allows; ``mistakes=False`` for targets that only promise
+    valid call sequences."""
+    resolved = resolve_target(target, kind=kind, strict=strict)
+    machine = make_machine(resolved, mistakes=mistakes, white_box=white_box)
+    machine.TestCase.settings = profile_settings(profile or default_profile())
+    return machine.TestCase

@@ -1,0 +1,473 @@
+"""Runs one step on the target and on the model, and judges the target.
+
+The :class:`Driver` owns a target allocator, the model of the same size and
+the names of the Blocks handed out so far.  :meth:`Driver.run` executes a
+:class:`~prefixcache.oracle.trace.Step` on the target first, then on the
+model (in relaxed mode the model follows the target's choice of free ids),
+and compares:
+
+* black-box, for any target: the exception class or the result of the call,
+  every live Block's id, and the free count;
+* white-box, where the target has vLLM-shaped internals: the whole abstract
+  state (through the spec's abstraction function) and every invariant.
+
+A caller mistake (the model raises a ``CallerError``) must raise the same
+class in the target and leave its state exactly as it was.  Anything else
+raises :class:`~prefixcache.oracle.violations.Violation` with a category.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+from dataclasses import fields
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from ..impl import errors as err
+from ..model import ChoiceNotAllowed, DeviceModel, Model
+from ..model.naive import NaiveModel
+from ..spec.abstraction import (
+    AbstractionError,
+    ContentLedger,
+    abstract_state,
+    is_prefix_caching,
+)
+from ..spec.invariants import check_all
+from ..spec.state import AbstractState, ContentKey
+from .targets import Target
+from .trace import BLOCK_ARGS, BLOCK_LIST_ARGS, Step, Trace
+from .violations import Violation
+
+#: The API's own exception vocabulary: raising one of these on a valid call
+#: is a conformance failure; raising anything else is a crash.
+API_EXCEPTIONS: Tuple[type, ...] = (err.PrefixCacheError, ValueError, KeyError)
+
+#: Operations that hand out new Blocks (their ``out`` names them).
+BLOCK_RESULTS = frozenset({
+    "allocate_mutable_block", "allocate_immutable_block", "allocate_immutable_blocks",
+    "fork", "allocate_or_get_null_block",
+})
+
+
+class FOREIGN:
+    """Marker value: the argument is a Block of another allocator."""
+
+
+def _device_enum(allocator: Any) -> Any:
+    module = sys.modules.get(type(allocator).__module__)
+    device = getattr(module, "Device", None)
+    if device is None:
+        from ..impl.interfaces import Device
+
+        device = Device
+    return device
+
+
+class Driver:
+    """A target and its model in lockstep, judged after every step.
+
+    ``white_box`` compares abstract states and invariants where the target
+    has vLLM-shaped internals; ``mistakes_only_raise`` (for targets that
+    promise only valid sequences) is not needed here: the state machine
+    simply does not generate mistakes then."""
+
+    def __init__(self, target: Target, num_blocks: int, block_size: int, *,
+                 white_box: bool = True, check_model: bool = False) -> None:
+        self.target = target
+        self.kind = target.kind
+        self.trace = Trace(num_blocks=num_blocks, block_size=block_size, kind=target.kind,
+                           target=target.name, strict=target.strict)
+        self.allocator = self._guard("construct the target", lambda: target.make(num_blocks,
+                                                                                  block_size))
+        options: Dict[str, Any] = {"strict": target.strict, "check_invariants": check_model}
+        self.model: Any
+        if self.kind == "cpu_gpu":
+            self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
+            self._device = _device_enum(self.allocator)
+        elif self.kind == "naive":
+            self.model = NaiveModel(num_blocks, block_size, strict=target.strict)
+        else:
+            self.model = Model(num_blocks, block_size, **options)
+        self.blocks: Dict[str, Any] = {}
+        self.handles: Dict[str, Any] = {}
+        self.hashes: Dict[str, int] = {}
+        self.keys: Dict[str, ContentKey] = {}
+        self.dead: Set[str] = set()
+        self.events: Counter[str] = Counter()
+        self.ledger = ContentLedger()
+        self._white = white_box and self._has_internals()
+        self._before: Optional[Dict[str, AbstractState]] = None
+        self._counter = 0
+        self.refused: Optional[str] = None
+        self._foreign: Optional[Tuple[Any, Any]] = None
+        if self._white:
+            self._before = self._target_states()
+
+    # -- helpers -------------------------------------------------------------
+
+    def _step_no(self) -> int:
+        return len(self.trace.steps) - 1
+
+    def _fail(self, category: str, message: str) -> Violation:
+        return Violation(category, message, self._step_no())
+
+    def _guard(self, what: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # the target crashed outside any step
+            raise Violation("crash", f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    def _has_internals(self) -> bool:
+        alloc = self.allocator
+        if self.kind == "cpu_gpu":
+            allocators = getattr(alloc, "_allocators", None)
+            return isinstance(allocators, dict) and all(
+                getattr(a, "_refcounter", None) is not None for a in allocators.values())
+        return getattr(alloc, "_refcounter", None) is not None
+
+    def _sub_allocators(self) -> Dict[str, Any]:
+        if self.kind == "cpu_gpu":
+            return {str(getattr(d, "name", d)).upper(): a
+                    for d, a in self.allocator._allocators.items()}
+        return {"": self.allocator}
+
+    def _sub_models(self) -> Dict[str, Any]:
+        if self.kind == "cpu_gpu":
+            return {"GPU": self.model.gpu, "CPU": self.model.cpu}
+        return {"": self.model}
+
+    def live_names(self) -> List[str]:
+        """Names of the Blocks that hold an id now (per the model)."""
+        return [n for n, h in self.handles.items()
+                if n not in self.dead and getattr(h, "block_id", None) is not None]
+
+    def _new_name(self) -> str:
+        name = f"b{self._counter}"
+        self._counter += 1
+        return name
+
+    def device(self, name: str) -> Any:
+        """The target's Device member called ``name``."""
+        return getattr(self._device, name.upper())
+
+    # -- argument resolution ----------------------------------------------------
+
+    def _block_arg(self, value: Any, side: str) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, dict) and "raw" in value:
+            return value["raw"]
+        if value == "@foreign":
+            return self._foreign_block(side)
+        table = self.blocks if side == "target" else self.handles
+        if value not in table:
+            raise KeyError(f"the trace names an unknown block {value!r}")
+        return table[value]
+
+    def _foreign_block(self, side: str) -> Any:
+        """A Block of another allocator of the same kind (made once)."""
+        if self._foreign is None:
+            size = self.trace.block_size
+            other = self.target.make(1, size)
+            if self.kind == "cpu_gpu":
+                block = other.allocate_mutable_block(None, self.device("GPU"))
+                handle = DeviceModel(1, 1, size).allocate_mutable_block(None, "GPU")
+            elif self.kind == "naive":
+                block = other.allocate_mutable_block(None)
+                handle = NaiveModel(1, size).allocate_mutable_block(None)
+            else:
+                block = other.allocate_mutable_block(None)
+                handle = Model(1, size).allocate_mutable_block(None)
+            self._foreign = (block, handle)
+        return self._foreign[0] if side == "target" else self._foreign[1]
+
+    def _args(self, step: Step, side: str) -> Dict[str, Any]:
+        args: Dict[str, Any] = {}
+        for key, value in step.args.items():
+            if key in BLOCK_ARGS:
+                args[key] = self._block_arg(value, side)
+            elif key in BLOCK_LIST_ARGS:
+                args[key] = [self._block_arg(v, side) for v in value]
+            elif key in ("device", "src_device", "dst_device") and value is not None:
+                args[key] = self.device(value) if side == "target" else value
+            else:
+                args[key] = value
+        return args
+
+    # -- calling each side ----------------------------------------------------------
+
+    def _call(self, side: str, op: str, args: Dict[str, Any]) -> Any:
+        obj = self.allocator if side == "target" else self.model
+        if op == "append_token_ids":
+            block = args.pop("block")
+            if side == "target":
+                return block.append_token_ids(args["token_ids"])
+            return obj.append_token_ids(block, args["token_ids"])
+        if op == "all_block_ids":
+            return obj.all_block_ids
+        if op == "find_cached_blocks_prefix":
+            names = args.pop("names")
+            table = self.hashes if side == "target" else self.keys
+            query = [table[n] for n in names]
+            return obj.find_cached_blocks_prefix(query, **args)
+        if side == "model":
+            args.pop("keep_block_object", None)
+            if "block" in args:  # the model names it ``handle``
+                return getattr(obj, op)(args.pop("block"), **args)
+        if op == "cow_block_if_not_appendable" and side == "target":
+            block = args["block"]
+            new_id = obj.cow_block_if_not_appendable(block)
+            block.block_id = new_id  # as the Block's own append does with the answer
+            return new_id
+        return getattr(obj, op)(**args)
+
+    def _chooser(self, target_ids: List[int]) -> Callable[[frozenset], int]:
+        """Relaxed mode: hand the model the target's fresh ids, in order."""
+        pending = list(target_ids)
+
+        def choose(allowed: frozenset) -> int:
+            while pending:
+                candidate = pending.pop(0)
+                if candidate in allowed:
+                    return candidate
+            return min(allowed)
+
+        return choose
+
+    def _fresh_ids_of(self, step: Step, result: Any) -> List[int]:
+        if step.op in BLOCK_RESULTS:
+            blocks = result if isinstance(result, list) else [result]
+            return [b.block_id for b in blocks if getattr(b, "block_id", None) is not None]
+        names = [step.args.get("block")] + list(step.args.get("blocks", []))
+        return [self.blocks[n].block_id for n in names
+                if isinstance(n, str) and n in self.blocks
+                and getattr(self.blocks[n], "block_id", None) is not None]
+
+    # -- the step ---------------------------------------------------------------------
+
+    def run(self, step: Step) -> Any:
+        """Execute ``step`` on both sides and judge the target; returns the
+        target's result.  Raises Violation."""
+        self.trace.steps.append(step)
+        self.refused = None
+        self.events[f"op:{step.op}"] += 1
+        t_args = self._args(step, "target")
+        m_args = self._args(step, "model")
+        t_exc: Optional[BaseException] = None
+        t_res: Any = None
+        try:
+            t_res = self._call("target", step.op, dict(t_args))
+        except RecursionError as exc:
+            t_exc = exc
+        except Exception as exc:
+            t_exc = exc
+        if not self.target.strict and t_exc is None:
+            chooser = self._chooser(self._fresh_ids_of(step, t_res))
+            for model in self._sub_models().values():
+                model.chooser = chooser
+        m_exc: Optional[BaseException] = None
+        m_res: Any = None
+        try:
+            m_res = self._call("model", step.op, dict(m_args))
+        except ChoiceNotAllowed as exc:
+            raise self._fail("conformance", f"{step.op}: the target took id {exc.chosen}, "
+                             f"which the spec does not allow here (allowed: "
+                             f"{sorted(exc.allowed)})") from exc
+        except (err.PrefixCacheError, NotImplementedError) as exc:
+            m_exc = exc
+        try:
+            if m_exc is not None:
+                self._judge_refusal(step, m_exc, t_exc)
+            else:
+                self._judge_success(step, t_res, t_exc, m_res)
+        except Violation as violation:
+            self.trace.violation = violation.to_json()
+            violation.trace = self.trace
+            raise
+        return t_res
+
+    def _judge_refusal(self, step: Step, m_exc: BaseException,
+                       t_exc: Optional[BaseException]) -> None:
+        expected = type(m_exc)
+        self.refused = expected.__name__
+        mistake = isinstance(m_exc, err.CallerError)
+        category = "robustness" if mistake else "conformance"
+        self.events["caller-mistake" if mistake else f"refused:{expected.__name__}"] += 1
+        if t_exc is None:
+            raise self._fail(category, f"{step.op}: the spec raises {expected.__name__} "
+                             f"({m_exc}), the target accepted the call")
+        if not isinstance(t_exc, expected):
+            raise self._fail(category, f"{step.op}: the spec raises {expected.__name__} "
+                             f"({m_exc}), the target raised {type(t_exc).__name__}: {t_exc}")
+        self._compare_after(step, unchanged=True)
+
+    def _judge_success(self, step: Step, t_res: Any, t_exc: Optional[BaseException],
+                       m_res: Any) -> None:
+        if t_exc is not None:
+            category = "conformance" if isinstance(t_exc, API_EXCEPTIONS) else "crash"
+            raise self._fail(category, f"{step.op}: a valid call raised "
+                             f"{type(t_exc).__name__}: {t_exc}")
+        if step.op in BLOCK_RESULTS:
+            t_list = t_res if isinstance(t_res, list) else [t_res]
+            m_list = m_res if isinstance(m_res, list) else [m_res]
+            if len(t_list) != len(m_list):
+                raise self._fail("conformance", f"{step.op}: {len(t_list)} blocks returned, "
+                                 f"the spec gives {len(m_list)}")
+            names = step.out or [self._new_name() for _ in t_list]
+            step.out = names
+            for name, block, handle in zip(names, t_list, m_list):
+                self.blocks[name], self.handles[name] = block, handle
+        else:
+            self._compare_result(step, t_res, m_res)
+        if step.op == "free" and not step.args.get("keep_block_object"):
+            self.dead.add(step.args["block"])
+        self._compare_after(step, unchanged=False)
+
+    def _compare_result(self, step: Step, t_res: Any, m_res: Any) -> None:
+        if step.op == "find_cached_blocks_prefix":
+            query = [self.hashes[n] for n in step.args["names"]]
+            if list(t_res) != query[:len(m_res)]:
+                raise self._fail("conformance", f"find_cached_blocks_prefix: the target "
+                                 f"found {len(t_res)} cached blocks, the spec "
+                                 f"{len(m_res)}")
+            return
+        if isinstance(m_res, float) or isinstance(t_res, float):
+            same = isinstance(t_res, (int, float)) and math.isclose(
+                t_res, m_res, rel_tol=1e-9, abs_tol=1e-12)
+        elif step.op == "get_common_computed_block_ids":
+            same = list(t_res) == list(m_res)
+        elif step.op == "clear_copy_on_writes" or step.op == "get_and_reset_swaps":
+            same = [tuple(p) for p in t_res] == [tuple(p) for p in m_res]
+        else:
+            same = t_res == m_res
+        if not same:
+            raise self._fail("conformance", f"{step.op}: the target answered {t_res!r}, "
+                             f"the spec {m_res!r}")
+
+    # -- comparing the states --------------------------------------------------------------
+
+    def _record_contents(self) -> None:
+        for name in self.live_names():
+            handle = self.handles[name]
+            key = getattr(handle, "content_key", None)
+            if key is not None and name not in self.keys:
+                self.keys[name] = key
+                content_hash = getattr(self.blocks[name], "content_hash", None)
+                if content_hash is not None:
+                    self.hashes[name] = content_hash
+
+    def _model_content(self, block_id: int) -> Optional[ContentKey]:
+        for model in self._sub_models().values():
+            state = model.state()
+            if block_id in state.blocks:
+                return state.blocks[block_id].content
+        return None
+
+    def _compare_after(self, step: Step, *, unchanged: bool) -> None:
+        what = "after a refused call" if unchanged else "after the call"
+        for name in self.live_names():
+            t_id = getattr(self.blocks[name], "block_id", None)
+            m_id = self.handles[name].block_id
+            if t_id != m_id:
+                key = getattr(self.handles[name], "content_key", None)
+                held = self._model_content(t_id) if isinstance(t_id, int) else None
+                if key is not None and held is not None and held != key:
+                    raise self._fail("integrity", f"{step.op}: block {name} holds content "
+                                     f"{key!r} but the target gave it id {t_id}, which "
+                                     f"holds {held!r}")
+                category = "robustness" if unchanged else "conformance"
+                raise self._fail(category, f"{step.op}: {what}, block {name} has id {t_id} "
+                                 f"in the target, {m_id} in the spec")
+        for label, (t_free, m_free) in self._free_counts().items():
+            if t_free != m_free:
+                category = "robustness" if unchanged else "conformance"
+                raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks"
+                                 f"({label}) is {t_free} in the target, {m_free} in the spec")
+        self._record_contents()
+        if self._white:
+            self._compare_states(step, unchanged)
+        self._note_events()
+
+    def _free_counts(self) -> Dict[str, Tuple[int, int]]:
+        if self.kind == "cpu_gpu":
+            return {d: (self.allocator.get_num_free_blocks(self.device(d)),
+                        self.model.get_num_free_blocks(d)) for d in ("GPU", "CPU")}
+        return {"": (self.allocator.get_num_free_blocks(), self.model.get_num_free_blocks())}
+
+    def _live_target_blocks(self) -> List[Any]:
+        return [self.blocks[n] for n in self.live_names()]
+
+    def _target_states(self) -> Dict[str, AbstractState]:
+        live = self._live_target_blocks()
+        states: Dict[str, AbstractState] = {}
+        for label, alloc in self._sub_allocators().items():
+            ids = alloc.all_block_ids
+            mine = [b for b in live if getattr(b, "block_id", None) in ids]
+            try:
+                states[label] = abstract_state(alloc, ledger=self.ledger, live_blocks=mine)
+            except AbstractionError as exc:
+                raise self._fail("integrity", f"the target caches a hash that no block "
+                                 f"spells: {exc}") from exc
+        return states
+
+    def _compare_states(self, step: Step, unchanged: bool) -> None:
+        if self.ledger.collisions or self.ledger.conflicts:
+            raise self._fail("integrity", "; ".join(self.ledger.anomalies()))
+        states = self._target_states()
+        models = self._sub_models()
+        live = self._live_target_blocks()
+        for label, state in states.items():
+            owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
+                             if b.block_id in state.blocks)
+            broken = check_all(state, dict(owners)) if is_prefix_caching(
+                self._sub_allocators()[label]) else []
+            if broken:
+                raise self._fail("invariant", f"{step.op}: the target's state breaks "
+                                 f"{', '.join(broken)}")
+            if unchanged and self._before is not None and label in self._before:
+                diff = _first_difference(self._before[label], state, ordered_free=True)
+                if diff:
+                    raise self._fail("robustness", f"{step.op} was refused but changed the "
+                                     f"state: {diff}")
+            diff = _first_difference(state, models[label].state(),
+                                     ordered_free=self.target.strict)
+            if diff:
+                raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)")
+        self._before = states
+
+    def _note_events(self) -> None:
+        for label, model in self._sub_models().items():
+            state = model.state()
+            prefix = f"{label.lower()}:" if label else ""
+            if state.evictor:
+                self.events[f"{prefix}state:evictable-blocks"] += 1
+            if state.reported_free == 0:
+                self.events[f"{prefix}state:pool-full"] += 1
+            if state.copy_on_writes:
+                self.events[f"{prefix}state:pending-copy-on-write"] += 1
+            if state.touched:
+                self.events[f"{prefix}state:touched-not-computed"] += 1
+            if any(b.refcount > 1 for b in state.blocks.values()):
+                self.events[f"{prefix}state:shared-block"] += 1
+            if state.hits:
+                self.events[f"{prefix}state:cache-hit-seen"] += 1
+
+
+def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool) -> str:
+    """A sentence naming the first field where two states differ, or ''."""
+    for f in fields(AbstractState):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if f.name == "free" and not ordered_free:
+            x, y = sorted(x), sorted(y)
+        elif f.name == "cached":
+            x, y = dict(x), dict(y)
+        elif f.name == "blocks":
+            x, y = dict(x), dict(y)
+            if x != y:
+                for i in sorted(set(x) | set(y)):
+                    if x.get(i) != y.get(i):
+                        return f"id {i} is {x.get(i)} vs {y.get(i)}"
+        if x != y:
+            return f"{f.name} is {x!r} vs {y!r}"
+    return ""

@@ -1,0 +1,437 @@
+"""The Hypothesis state machine: random call sequences, judged step by step.
+
+:func:`make_machine` builds a ``RuleBasedStateMachine`` for one target.  Its
+rules are the operations of the allocator API (one rule per operation, and
+the caller mistakes as rules of their own, switched off by
+``mistakes=False``); each rule builds a :class:`~prefixcache.oracle.trace.Step`
+and hands it to the :class:`~prefixcache.oracle.driver.Driver`, which runs it
+on the target and on the model and raises a Violation when they part.
+
+Strategies aim at the hard states in a few steps: pools of 1-6 blocks of 1-3
+tokens, tokens from {0, 1, 2}, prompts drawn from three shared "system
+prompts", timestamps 0-3 (ties and out-of-order times), two tenants (extra
+hashes None and 7).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
+
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    precondition,
+    rule,
+)
+
+from .driver import Driver
+from .targets import Target
+from .trace import Step
+
+#: Shared prompt prefixes, so that different sequences share blocks.
+PROMPTS = ((0,) * 9, (0, 1) * 5, (1, 2, 0) * 3)
+TOKENS = st.integers(0, 2)
+TIMES = st.integers(0, 3)
+TENANTS = st.sampled_from([None, None, 7])
+
+
+@dataclass
+class Seq:
+    """A sequence the machine holds: its blocks' names, first to last."""
+
+    names: List[str]
+    extra_hash: Optional[int]
+    device: str = "GPU"
+
+
+@dataclass
+class Stats:
+    """What every machine of one campaign has done, summed."""
+
+    steps: int = 0
+    examples: int = 0
+    coverage: Counter = field(default_factory=Counter)
+
+
+def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,
+                 stats: Optional[Stats] = None) -> Type[RuleBasedStateMachine]:
+    """A state machine class that judges ``target`` against the model.
+
+    ``mistakes`` adds the caller-mistake rules; ``white_box`` compares the
+    abstract state and the invariants where the target allows; ``stats``
+    (optional) accumulates steps, examples and coverage across runs."""
+
+    campaign = stats if stats is not None else Stats()
+
+    class AllocatorMachine(RuleBasedStateMachine):
+        """Drives ``target`` and the model in lockstep."""
+
+        TARGET: ClassVar[Target] = target
+        STATS: ClassVar[Stats] = campaign
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.driver: Optional[Driver] = None
+            self.seqs: List[Seq] = []
+            self.swapped: List[Seq] = []
+            self.detached: List[str] = []
+            self.history: List[List[str]] = []
+            campaign.examples += 1
+
+        # -- plumbing ----------------------------------------------------------
+
+        @property
+        def d(self) -> Driver:
+            assert self.driver is not None  # set by the initialize rule
+            return self.driver
+
+        def run(self, op: str, **args: Any) -> Step:
+            step = Step(op=op, args=args)
+            before = Counter(self.d.events)
+            try:
+                self.d.run(step)
+            finally:
+                campaign.steps += 1
+                for label, n in (self.d.events - before).items():
+                    event(label)
+                    campaign.coverage[label] += n
+            return step
+
+        def ok(self) -> bool:
+            return self.d.refused is None
+
+        def handle(self, name: str) -> Any:
+            return self.d.handles[name]
+
+        def block_size(self) -> int:
+            return self.d.trace.block_size
+
+        def pick(self, data: st.DataObject, seqs: List[Seq]) -> Seq:
+            return seqs[data.draw(st.integers(0, len(seqs) - 1), label="which")]
+
+        def ids(self, seq: Seq) -> List[int]:
+            return [self.handle(n).block_id for n in seq.names]
+
+        def _alloc_args(self, seq_device: str) -> Dict[str, Any]:
+            return {"device": seq_device} if self.d.kind == "cpu_gpu" else {}
+
+        # -- setup ---------------------------------------------------------------
+
+        @initialize(num_blocks=st.integers(1, 6), block_size=st.integers(1, 3))
+        def setup(self, num_blocks: int, block_size: int) -> None:
+            self.driver = Driver(target, num_blocks, block_size, white_box=white_box)
+
+        # -- valid operations -------------------------------------------------------
+
+        @rule(data=st.data())
+        def new_sequence(self, data: st.DataObject) -> None:
+            """A request: full prompt blocks (allocate_immutable_block(s)), then
+            a mutable tail block that gets the rest of the prompt."""
+            size = self.block_size()
+            prompt = data.draw(st.sampled_from(PROMPTS), label="prompt")
+            full = data.draw(st.integers(0, 3), label="full blocks")
+            tail = data.draw(st.lists(TOKENS, max_size=size - 1), label="tail")
+            extra = data.draw(TENANTS, label="extra_hash")
+            device = data.draw(st.sampled_from(["GPU", "GPU", "CPU"])) \
+                if self.d.kind == "cpu_gpu" else "GPU"
+            tokens = list((prompt * 2)[: full * size])
+            chunks = [tokens[i:i + size] for i in range(0, len(tokens), size)]
+            seq = Seq([], extra, device)
+            kw = self._alloc_args(device)
+            if chunks and data.draw(st.booleans(), label="one call"):
+                step = self.run("allocate_immutable_blocks", prev_block=None,
+                                block_token_ids=chunks, extra_hash=extra, **kw)
+                if self.ok():
+                    seq.names += step.out
+            else:
+                for chunk in chunks:
+                    prev = seq.names[-1] if seq.names else None
+                    step = self.run("allocate_immutable_block", prev_block=prev,
+                                    token_ids=chunk, extra_hash=extra, **kw)
+                    if not self.ok():
+                        break
+                    seq.names += step.out
+            if (tail or not chunks) and len(seq.names) == len(chunks):
+                prev = seq.names[-1] if seq.names else None
+                step = self.run("allocate_mutable_block", prev_block=prev, extra_hash=extra, **kw)
+                if self.ok():
+                    seq.names += step.out
+                    if tail:
+                        self.run("append_token_ids", block=step.out[0], token_ids=tail)
+            if seq.names:
+                self.seqs.append(seq)
+                self.history.append(seq.names)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def append(self, data: st.DataObject) -> None:
+            """Decode: append tokens to a sequence's last block (a new mutable
+            block first when it is full); filling a block promotes it, a
+            shared block is copied first."""
+            seq = self.pick(data, self.seqs)
+            last = self.handle(seq.names[-1])
+            if last.is_full:
+                step = self.run("allocate_mutable_block", prev_block=seq.names[-1],
+                                extra_hash=seq.extra_hash, **self._alloc_args(seq.device))
+                if not self.ok():
+                    return
+                seq.names += step.out
+                last = self.handle(seq.names[-1])
+            room = last.num_empty_slots
+            tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
+            self.run("append_token_ids", block=seq.names[-1], token_ids=tokens)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def fork(self, data: st.DataObject) -> None:
+            """Parallel sampling: a new sequence sharing every block."""
+            seq = self.pick(data, self.seqs)
+            step = self.run("fork", last_block=seq.names[-1])
+            if self.ok():
+                self.seqs.append(Seq(step.out, seq.extra_hash, seq.device))
+                self.history.append(step.out)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def free(self, data: st.DataObject) -> None:
+            """A sequence ends: free its blocks (first to last, or the reverse);
+            sometimes keep the Block objects (they stay detached)."""
+            seq = self.pick(data, self.seqs)
+            self.seqs.remove(seq)
+            names = seq.names if data.draw(st.booleans(), label="forward") else seq.names[::-1]
+            keep = (mistakes and self.d.kind != "cpu_gpu"
+                    and data.draw(st.booleans(), label="keep_block_object"))
+            for name in names:
+                if keep:
+                    self.run("free", block=name, keep_block_object=True)
+                    self.detached.append(name)
+                else:
+                    self.run("free", block=name)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def mark_accessed(self, data: st.DataObject) -> None:
+            """Record an access time for a sequence's blocks (ties and
+            out-of-order times on purpose)."""
+            seq = self.pick(data, self.seqs)
+            self.run("mark_blocks_as_accessed", block_ids=self.ids(seq),
+                     now=data.draw(TIMES, label="now"))
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def mark_accessed_then_free(self, data: st.DataObject) -> None:
+            """vLLM's order at the end of a request: mark accessed, then free."""
+            self.mark_accessed(data)
+            self.free(data)
+
+        @rule()
+        def mark_computed(self) -> None:
+            """The scheduled batch ran: touched blocks become computed."""
+            self.run("mark_blocks_as_computed", block_ids=[])
+
+        @precondition(lambda self: self.history)
+        @rule(data=st.data())
+        def find_cached_prefix(self, data: st.DataObject) -> None:
+            """Ask how much of a chain (live or long freed) is cached and computed."""
+            names = [n for n in self.pick_history(data) if n in self.d.keys]
+            if self.d.kind == "cpu_gpu":
+                self.run("find_cached_blocks_prefix", names=names, device="GPU")
+            else:
+                self.run("find_cached_blocks_prefix", names=names)
+
+        def pick_history(self, data: st.DataObject) -> List[str]:
+            return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
+
+        @rule(data=st.data())
+        def common_computed(self, data: st.DataObject) -> None:
+            """The common prefix of some sequences' id lists."""
+            k = data.draw(st.integers(0, min(3, len(self.seqs))), label="how many")
+            lists = []
+            for _ in range(k):
+                ids = self.ids(self.pick(data, self.seqs))
+                lists.append(ids[: data.draw(st.integers(0, len(ids)), label="cut")])
+            self.run("get_common_computed_block_ids", computed_seq_block_ids=lists)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def full_blocks_touched(self, data: st.DataObject) -> None:
+            """How many of a sequence's full blocks would need an id."""
+            seq = self.pick(data, self.seqs)
+            names = seq.names + data.draw(st.lists(st.sampled_from(seq.names), max_size=2))
+            if self.d.kind == "cpu_gpu":
+                self.run("get_num_full_blocks_touched", blocks=names, device=seq.device)
+            else:
+                self.run("get_num_full_blocks_touched", blocks=names)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def swap(self, data: st.DataObject) -> None:
+            """Preemption by swapping: out of the device (kept, detached), or,
+            for a device pair, across to the other device."""
+            seq = self.pick(data, self.seqs)
+            if self.d.kind == "cpu_gpu":
+                dst = "CPU" if seq.device == "GPU" else "GPU"
+                self.run("swap", blocks=seq.names, src_device=seq.device, dst_device=dst)
+                if self.ok():
+                    seq.device = dst
+                return
+            self.run("swap_out", blocks=seq.names)
+            if self.ok():
+                self.seqs.remove(seq)
+                self.swapped.append(seq)
+
+        @precondition(lambda self: self.swapped)
+        @rule(data=st.data())
+        def swap_in(self, data: st.DataObject) -> None:
+            """Resume a swapped-out sequence: every block gets an id again."""
+            seq = self.pick(data, self.swapped)
+            self.run("swap_in", blocks=seq.names)
+            if self.ok():
+                self.swapped.remove(seq)
+                self.seqs.append(seq)
+
+        @precondition(lambda self: self.seqs)
+        @rule(data=st.data())
+        def copy_on_write(self, data: st.DataObject) -> None:
+            """Ask for a writable id for a sequence's last block."""
+            seq = self.pick(data, self.seqs)
+            self.run("cow_block_if_not_appendable", block=seq.names[-1])
+
+        @precondition(lambda self: self.seqs)
+        @rule()
+        def drain(self) -> None:
+            """Every sequence ends; then the whole cache can be reset."""
+            for seq in list(self.seqs):
+                self.seqs.remove(seq)
+                for name in seq.names:
+                    self.run("free", block=name)
+            self.run("reset_prefix_cache")
+
+        @rule()
+        def clear_copy_on_writes(self) -> None:
+            """Take the recorded copy-on-write pairs."""
+            self.run("clear_copy_on_writes")
+
+        @rule()
+        def reset(self) -> None:
+            """Try to drop the whole cache (refused while blocks are in use)."""
+            self.run("reset_prefix_cache")
+
+        @rule(data=st.data())
+        def query(self, data: st.DataObject) -> None:
+            """The read-only questions: hit rate, counts, ids."""
+            op = data.draw(st.sampled_from([
+                "get_prefix_cache_hit_rate", "get_num_free_blocks", "get_num_total_blocks",
+                "all_block_ids", "get_physical_block_id"]), label="query")
+            if op == "all_block_ids":
+                self.run(op)
+            elif op == "get_physical_block_id":
+                ids = sorted(self.d.model.all_block_ids)
+                absolute_id = data.draw(st.sampled_from(ids), label="id")
+                if self.d.kind == "cpu_gpu":
+                    device = "GPU" if absolute_id in self.d.model.gpu.all_block_ids else "CPU"
+                    self.run(op, device=device, absolute_id=absolute_id)
+                else:
+                    self.run(op, absolute_id=absolute_id)
+            elif self.d.kind == "cpu_gpu":
+                self.run(op, device=data.draw(st.sampled_from(["GPU", "CPU"])))
+            else:
+                self.run(op)
+
+        # -- caller mistakes ------------------------------------------------------------
+
+        if mistakes:
+
+            @precondition(lambda self: self.detached or self.swapped)
+            @rule(data=st.data())
+            def mistake_free_detached(self, data: st.DataObject) -> None:
+                """Free (or fork) a Block that holds no id."""
+                pool = self.detached + [n for s in self.swapped for n in s.names]
+                name = data.draw(st.sampled_from(pool), label="detached")
+                op = data.draw(st.sampled_from(["free", "fork"]), label="op")
+                self.run(op, **({"block": name} if op == "free" else {"last_block": name}))
+
+            @precondition(lambda self: self.seqs)
+            @rule(data=st.data())
+            def mistake_overflow(self, data: st.DataObject) -> None:
+                """Append more tokens than the block has room for (or to a
+                full block)."""
+                seq = self.pick(data, self.seqs)
+                name = data.draw(st.sampled_from(seq.names), label="block")
+                room = self.handle(name).num_empty_slots
+                self.run("append_token_ids", block=name, token_ids=[0] * (room + 1))
+
+            @rule(data=st.data())
+            def mistake_unhashable(self, data: st.DataObject) -> None:
+                """An immutable block that is not full (or overfull)."""
+                size = self.block_size()
+                n = data.draw(st.sampled_from([0, size - 1, size + 1]) .filter(
+                    lambda k: k != size and k >= 0), label="tokens")
+                kw = self._alloc_args("GPU")
+                self.run("allocate_immutable_block", prev_block=None, token_ids=[1] * n,
+                         extra_hash=None, **kw)
+                if self.ok():  # a naive allocator takes a partial block
+                    self.seqs.append(Seq(self.d.trace.steps[-1].out, None))
+
+            @rule(data=st.data())
+            def mistake_unknown_id(self, data: st.DataObject) -> None:
+                """Name an id the allocator does not have, or a free one."""
+                free = sorted(self.d.model.state().free) if self.d.kind != "cpu_gpu" \
+                    else sorted(self.d.model.gpu.state().free)
+                block_id = data.draw(st.sampled_from([10_000] + free), label="id")
+                op = data.draw(st.sampled_from(["mark_blocks_as_accessed",
+                                                "get_physical_block_id"]), label="op")
+                if op == "mark_blocks_as_accessed":
+                    self.run(op, block_ids=[block_id], now=0)
+                elif self.d.kind == "cpu_gpu":
+                    self.run(op, device="GPU", absolute_id=10_000)
+                else:
+                    self.run(op, absolute_id=10_000)
+
+            @precondition(lambda self: self.seqs)
+            @rule(data=st.data())
+            def mistake_wrong_type(self, data: st.DataObject) -> None:
+                """A token that is not an int, or a prev_block that is not a Block."""
+                seq = self.pick(data, self.seqs)
+                if data.draw(st.booleans(), label="token"):
+                    self.run("append_token_ids", block=seq.names[-1], token_ids=["x"])
+                else:
+                    self.run("allocate_mutable_block", prev_block={"raw": "not a block"},
+                             extra_hash=None, **self._alloc_args(seq.device))
+
+            @rule(data=st.data())
+            def mistake_foreign_block(self, data: st.DataObject) -> None:
+                """A Block of another allocator."""
+                op = data.draw(st.sampled_from(["free", "fork", "append_token_ids"]))
+                if op == "free":
+                    self.run("free", block="@foreign")
+                elif op == "fork":
+                    self.run("fork", last_block="@foreign")
+                else:
+                    self.run("cow_block_if_not_appendable", block="@foreign")
+
+            @precondition(lambda self: self.seqs)
+            @rule(data=st.data())
+            def mistake_promote(self, data: st.DataObject) -> None:
+                """Promote a block by hand (blocks promote themselves)."""
+                seq = self.pick(data, self.seqs)
+                self.run("promote_to_immutable_block", block=seq.names[-1])
+
+            @precondition(lambda self: self.seqs)
+            @rule(data=st.data())
+            def mistake_swap_attached(self, data: st.DataObject) -> None:
+                """Swap in blocks that still hold ids, or swap out twice."""
+                if self.d.kind == "cpu_gpu":
+                    return
+                seq = self.pick(data, self.seqs)
+                self.run("swap_in", blocks=seq.names)
+
+    AllocatorMachine.__name__ = f"AllocatorMachine_{target.kind}"
+    return AllocatorMachine
+
+
+MachineFactory = Callable[..., Type[RuleBasedStateMachine]]

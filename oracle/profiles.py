@@ -1,0 +1,36 @@
+"""Hypothesis settings profiles for the oracle: ``dev``, ``ci`` and ``nightly``.
+
+``ci`` is deterministic (derandomized, no example database) and is loaded
+automatically when the ``CI`` environment variable is set; ``dev`` is the
+default otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILES = {
+    "dev": dict(max_examples=200, stateful_step_count=50),
+    "ci": dict(max_examples=300, stateful_step_count=50, derandomize=True, database=None,
+               print_blob=True),
+    "nightly": dict(max_examples=20_000, stateful_step_count=100),
+}
+
+_COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck))
+
+for _name, _options in PROFILES.items():
+    settings.register_profile(f"prefixcache-{_name}", **_COMMON, **_options)  # type: ignore[arg-type]
+
+
+def profile_settings(name: str) -> settings:
+    """The settings of profile ``name`` (``dev``, ``ci`` or ``nightly``)."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}")
+    return settings.get_profile(f"prefixcache-{name}")
+
+
+def default_profile() -> str:
+    """``ci`` when the CI environment variable is set, else ``dev``."""
+    return "ci" if os.environ.get("CI") else "dev"

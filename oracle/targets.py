@@ -1,0 +1,128 @@
+"""What the oracle judges: a target allocator, named ``module:Class`` or given
+as a factory callable, and how to build one of a given size.
+
+Three kinds of target, told apart by their constructor:
+
+* ``prefix``: ``Class(num_blocks=..., block_size=...)`` -- a prefix-caching
+  allocator for one device (``PrefixCachingBlockAllocator``'s shape);
+* ``naive``: ``Class(create_block=..., num_blocks=..., block_size=...)`` --
+  an allocator without a cache (``NaiveBlockAllocator``'s shape), given the
+  ``NaiveBlock`` class of the target's own module (or prefixcache's);
+* ``cpu_gpu``: ``Class.create(allocator_type, num_gpu_blocks, num_cpu_blocks,
+  block_size)`` -- a device pair (``CpuGpuBlockAllocator``'s shape).
+
+A factory callable ``(num_blocks, block_size) -> allocator`` is a ``prefix``
+target unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+DEFAULT_TARGET = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
+KINDS = ("prefix", "naive", "cpu_gpu")
+
+Factory = Callable[[int, int], Any]
+
+
+class TargetError(ValueError):
+    """The target cannot be loaded or built (a usage error: exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A buildable allocator under test.
+
+    ``name`` is how it was named (``module:Class`` or the factory's
+    qualified name); ``kind`` one of :data:`KINDS`; ``strict`` whether the
+    model demands vLLM's order of free ids (False: any free id the spec
+    allows, the model follows the target's choice)."""
+
+    name: str
+    kind: str
+    build: Callable[[int, int], Any]
+    strict: bool = True
+
+    def make(self, num_blocks: int, block_size: int) -> Any:
+        """A fresh allocator with ``num_blocks`` ids (per device for
+        ``cpu_gpu``) of ``block_size`` tokens."""
+        return self.build(num_blocks, block_size)
+
+
+def _load(spec: str) -> Any:
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"a target is named MODULE:CLASS, got {spec!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetError(f"cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise TargetError(f"{module_name!r} has no attribute {attr!r}") from exc
+    return obj
+
+
+def _guess_kind(cls: type) -> str:
+    if callable(getattr(cls, "create", None)) and isinstance(
+        inspect.getattr_static(cls, "create"), staticmethod
+    ):
+        return "cpu_gpu"
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return "prefix"
+    return "naive" if "create_block" in params else "prefix"
+
+
+def _naive_block_class(cls: type) -> Any:
+    module = importlib.import_module(cls.__module__)
+    block = getattr(module, "NaiveBlock", None)
+    if block is None:
+        from ..impl.naive_block import NaiveBlock
+
+        block = NaiveBlock
+    return block
+
+
+def _builder(obj: Any, kind: str) -> Callable[[int, int], Any]:
+    if kind == "cpu_gpu":
+        allocator_type = "prefix_caching"
+        return lambda n, size: obj.create(allocator_type, n, n, size)
+    if kind == "naive" and inspect.isclass(obj):
+        block_cls = _naive_block_class(obj)
+        return lambda n, size: obj(create_block=block_cls, num_blocks=n, block_size=size)
+    if inspect.isclass(obj):
+        return lambda n, size: obj(num_blocks=n, block_size=size)
+    return lambda n, size: obj(n, size)
+
+
+def resolve_target(
+    target: Union[str, Factory, None] = None,
+    *,
+    kind: Optional[str] = None,
+    strict: bool = True,
+) -> Target:
+    """The :class:`Target` that ``target`` names (default: prefixcache.impl's
+    prefix-caching allocator).  ``kind`` overrides the guess from the
+    constructor.  Raises TargetError when it cannot be loaded."""
+    if target is None:
+        target = DEFAULT_TARGET
+    if kind is not None and kind not in KINDS:
+        raise TargetError(f"kind must be one of {KINDS}, got {kind!r}")
+    if isinstance(target, str):
+        obj = _load(target)
+        name = target
+    elif callable(target):
+        obj = target
+        name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', target)}"
+    else:
+        raise TargetError(f"a target is MODULE:CLASS or a callable, got {target!r}")
+    if kind is None:
+        kind = _guess_kind(obj) if inspect.isclass(obj) else "prefix"
+    return Target(name=name, kind=kind, build=_builder(obj, kind), strict=strict)

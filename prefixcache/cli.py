@@ -1,0 +1,61 @@
+"""``prefixcache``: the command line.
+
+Each verb lives in its own module, which provides ``add_arguments(parser)``
+and ``run(args) -> int`` (the exit code).  Exit codes: 0 clean, 1 a
+violation or failed check, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional, Tuple
+
+#: verb -> (module that implements it, one line of help)
+VERBS: Tuple[Tuple[str, str, str], ...] = (
+    ("fuzz", "prefixcache.oracle.campaign",
+     "stateful fuzzing of an allocator against the model (the main job)"),
+    ("replay", "prefixcache.oracle.replay",
+     "re-run a JSON trace against a target, step by step against the model"),
+    ("verify", "prefixcache.oracle.verify",
+     "CrossHair over the pure functions of the spec and the model"),
+    ("bench", "prefixcache.oracle.bench",
+     "time an allocator on a realistic serving workload"),
+    ("soak", "prefixcache.oracle.soak",
+     "a long random workload with periodic full invariant checks"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-command per available verb."""
+    parser = argparse.ArgumentParser(
+        prog="prefixcache",
+        description="A formally specified prefix-caching KV-cache block allocator: "
+        "its spec, reference model, vLLM-compatible implementation and conformance oracle.",
+    )
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+    for verb, module_name, help_text in VERBS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        sub = verbs.add_parser(verb, help=help_text, description=help_text)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``), run the verb, return its code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args._run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

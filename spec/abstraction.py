@@ -1,0 +1,488 @@
+"""The abstraction function: from an allocator's vLLM-shaped internals to an
+:class:`~prefixcache.spec.state.AbstractState`.
+
+It reads only the attributes vLLM 0.8.5's own tests read (``_refcounter``,
+``_cached_blocks``, ``_touched_blocks``, ``_block_tracker``,
+``_hashless_allocator._free_block_indices``, ``evictor.free_table``,
+``_cow_tracker._copy_on_writes``, ``metric_data``, ``_block_size``) plus the
+public ``all_block_ids`` and ``get_num_free_blocks()``, always through
+``getattr`` and never through ``isinstance``: the same functions read
+prefixcache.impl and vLLM 0.8.5's ``PrefixCachingBlockAllocator`` alike.
+
+Naming content.  An allocator stores content *hashes*; the abstract state names
+content by its exact key (extra hash, every token from the first block).  A
+:class:`ContentLedger` remembers, for every hashed Block it has been shown, the
+hash and the key the Block's chain spells, so that ids without a live Block
+(evictable ids) can be named too.  A hash shown with two different keys is a
+collision, and the ledger records it: that is the "integrity" violation a
+hash-based allocator cannot see by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from .invariants import ownership_matches
+from .state import (
+    NEVER_ACCESSED,
+    AbstractState,
+    BlockId,
+    BlockState,
+    ContentKey,
+    EvictorEntry,
+)
+
+
+class AbstractionError(LookupError):
+    """The allocator holds a content hash that nothing names: no live Block
+    passed to the abstraction and no Block shown to the ledger spelled it."""
+
+
+@dataclass(frozen=True)
+class Collision:
+    """One hash seen with two different content keys."""
+
+    content_hash: int
+    first: ContentKey
+    second: ContentKey
+
+
+@dataclass(frozen=True)
+class Alias:
+    """One content key seen under two different hashes (harmless for
+    correctness, but two ids may then cache the same key)."""
+
+    key: ContentKey
+    first_hash: int
+    second_hash: int
+
+
+@dataclass(frozen=True)
+class SharedIdConflict:
+    """Two live Blocks point at one id but hold different contents."""
+
+    block_id: BlockId
+    first: Optional[ContentKey]
+    second: Optional[ContentKey]
+
+
+# --------------------------------------------------------------------------
+# reading Blocks
+
+
+def _chain(block: Any) -> List[Any]:
+    """The chain ending at ``block``, first block first (iterative walk)."""
+    chain: List[Any] = []
+    b = block
+    seen: Set[int] = set()
+    while b is not None and id(b) not in seen:
+        seen.add(id(b))
+        chain.append(b)
+        b = getattr(b, "prev_block", None)
+    chain.reverse()
+    return chain
+
+
+def content_key_of(block: Any) -> ContentKey:
+    """Return the content key a Block spells: its ``extra_hash`` and every
+    token of its chain from the first block through itself.  Pure: reads
+    ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
+    tokens: List[int] = []
+    for b in _chain(block):
+        tokens.extend(getattr(b, "token_ids", ()))
+    return (getattr(block, "extra_hash", None), tuple(tokens))
+
+
+def chain_keys(last_block: Any) -> List[Tuple[Any, ContentKey]]:
+    """Return ``(block, key)`` for every block of the chain that ends at
+    ``last_block``, first block first, in one pass over the chain."""
+    out: List[Tuple[Any, ContentKey]] = []
+    tokens: List[int] = []
+    for b in _chain(last_block):
+        tokens.extend(getattr(b, "token_ids", ()))
+        out.append((b, (getattr(b, "extra_hash", None), tuple(tokens))))
+    return out
+
+
+def ownership_matches_live(state: AbstractState, live_blocks: Iterable[Any]) -> bool:
+    """Return whether the refcounts in ``state`` equal the number of live
+    Blocks on each id (the ownership invariant, from Blocks directly)."""
+    return ownership_matches(state, ownership(live_blocks))
+
+
+def ownership(live_blocks: Iterable[Any]) -> Dict[BlockId, int]:
+    """Return id -> number of distinct live Block objects (by identity) whose
+    ``block_id`` is that id; detached Blocks (id None) count nowhere."""
+    seen: Set[int] = set()
+    owners: Dict[BlockId, int] = {}
+    for b in live_blocks:
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        i = getattr(b, "block_id", None)
+        if i is not None:
+            owners[i] = owners.get(i, 0) + 1
+    return owners
+
+
+# --------------------------------------------------------------------------
+# the ledger
+
+
+class ContentLedger:
+    """Remembers hash -> content key for every hashed Block it is shown.
+
+    ``observe_block``/``observe_blocks`` read a Block's ``content_hash`` and
+    walk its chain to spell the key.  The first key seen for a hash names it
+    from then on; a later, different key for the same hash is recorded in
+    :attr:`collisions`.  A key seen under a second hash is recorded in
+    :attr:`aliases`.  Memory grows with the number of distinct hashes shown.
+    """
+
+    def __init__(self) -> None:
+        """Start with no names and no anomalies."""
+        self._names: Dict[int, ContentKey] = {}
+        self._hashes: Dict[ContentKey, int] = {}
+        self.collisions: List[Collision] = []
+        self.aliases: List[Alias] = []
+        self.conflicts: List[SharedIdConflict] = []
+
+    def __len__(self) -> int:
+        """Return the number of hashes named."""
+        return len(self._names)
+
+    def __contains__(self, content_hash: object) -> bool:
+        """Return whether the hash has a name."""
+        return content_hash in self._names
+
+    def name(self, content_hash: int) -> Optional[ContentKey]:
+        """Return the key first seen for ``content_hash``, or None."""
+        return self._names.get(content_hash)
+
+    def hash_of(self, key: ContentKey) -> Optional[int]:
+        """Return the hash first seen for ``key``, or None."""
+        return self._hashes.get(key)
+
+    def observe(self, content_hash: int, key: ContentKey) -> bool:
+        """Record that ``content_hash`` names ``key``; return False (and record
+        a :class:`Collision`) when the hash already names a different key."""
+        known = self._names.get(content_hash)
+        if known is None:
+            self._names[content_hash] = key
+        elif known != key:
+            self.collisions.append(Collision(content_hash, known, key))
+            return False
+        other = self._hashes.setdefault(key, content_hash)
+        if other != content_hash and not any(
+            a.key == key and a.second_hash == content_hash for a in self.aliases
+        ):
+            self.aliases.append(Alias(key, other, content_hash))
+        return True
+
+    def observe_block(self, block: Any) -> Optional[ContentKey]:
+        """Record the hash and key of ``block`` and of every hashed block
+        before it in its chain; return the block's key, or None if it has no
+        content hash."""
+        result: Optional[ContentKey] = None
+        for b, key in chain_keys(block):
+            h = getattr(b, "content_hash", None)
+            if h is not None:
+                self.observe(h, key)
+                if b is block:
+                    result = key
+        return result
+
+    def observe_blocks(self, blocks: Iterable[Any]) -> None:
+        """Record every hashed block of every chain that ends at one of
+        ``blocks``; each Block object is walked at most once per call."""
+        done: Set[int] = set()
+        for block in reversed(list(blocks)):
+            if block is None or id(block) in done:
+                continue
+            for b, key in chain_keys(block):
+                if id(b) in done:
+                    continue
+                done.add(id(b))
+                h = getattr(b, "content_hash", None)
+                if h is not None:
+                    self.observe(h, key)
+
+    def anomalies(self) -> List[str]:
+        """Return one line per collision and shared-id conflict seen so far
+        (aliases are not anomalies of the allocator)."""
+        lines = [
+            f"hash {c.content_hash} names two contents: {c.first!r} and {c.second!r}"
+            for c in self.collisions
+        ]
+        lines += [
+            f"id {c.block_id} is held by Blocks with contents {c.first!r} and {c.second!r}"
+            for c in self.conflicts
+        ]
+        return lines
+
+
+def contents_of(
+    live_blocks: Iterable[Any], ledger: Optional[ContentLedger] = None
+) -> Dict[BlockId, Optional[ContentKey]]:
+    """Return id -> content key spelled by the live Blocks that point at it
+    (None for a Block without content hash), feeding ``ledger`` with every
+    hashed block; two live Blocks on one id with different keys are recorded
+    in ``ledger.conflicts`` (the first key wins)."""
+    blocks = list(live_blocks)
+    if ledger is not None:
+        ledger.observe_blocks(blocks)
+    out: Dict[BlockId, Optional[ContentKey]] = {}
+    seen: Set[int] = set()
+    for b in blocks:
+        if id(b) in seen:
+            continue
+        seen.add(id(b))
+        i = getattr(b, "block_id", None)
+        if i is None:
+            continue
+        key = content_key_of(b) if getattr(b, "content_hash", None) is not None else None
+        if i in out:
+            if out[i] != key and ledger is not None:
+                ledger.conflicts.append(SharedIdConflict(i, out[i], key))
+        else:
+            out[i] = key
+    return out
+
+
+# --------------------------------------------------------------------------
+# reading allocators
+
+
+def _refcounts(allocator: Any, ids: Sequence[BlockId]) -> Dict[BlockId, int]:
+    counter = getattr(allocator, "_refcounter", None)
+    counts = getattr(counter, "_refcounts", None)
+    if isinstance(counts, Mapping):
+        return {i: int(counts.get(i, 0)) for i in ids}
+    return {i: int(counter.get(i)) for i in ids} if counter is not None else {}
+
+
+def _copy_on_writes(allocator: Any) -> Tuple[Tuple[BlockId, BlockId], ...]:
+    tracker = getattr(allocator, "_cow_tracker", None)
+    pairs = getattr(tracker, "_copy_on_writes", ())
+    return tuple((int(a), int(b)) for a, b in pairs)
+
+
+def hits_and_misses(metric_data: Any) -> Tuple[int, int]:
+    """Return (hits, misses) recovered from a ``CacheMetricData``: the
+    completed buckets' running average times their queries, plus the open
+    bucket's exact counts."""
+    if metric_data is None:
+        return (0, 0)
+    completed = int(getattr(metric_data, "num_completed_blocks", 0))
+    rate = float(getattr(metric_data, "completed_block_cache_hit_rate", 0.0))
+    bucket = int(getattr(metric_data, "block_size", 1000))
+    open_queries = int(getattr(metric_data, "num_incompleted_block_queries", 0))
+    open_hits = int(getattr(metric_data, "num_incompleted_block_hit", 0))
+    hits = round(rate * completed * bucket) + open_hits
+    return (hits, completed * bucket + open_queries - hits)
+
+
+def _reported_free(allocator: Any, reported_free: Optional[int]) -> int:
+    if reported_free is not None:
+        return reported_free
+    return int(allocator.get_num_free_blocks())
+
+
+def _block_ids(allocator: Any, block_ids: Optional[Iterable[BlockId]]) -> Tuple[BlockId, ...]:
+    return tuple(sorted(allocator.all_block_ids if block_ids is None else block_ids))
+
+
+def _naive_state(
+    allocator: Any, reported_free: Optional[int], block_ids: Optional[Iterable[BlockId]]
+) -> AbstractState:
+    ids = _block_ids(allocator, block_ids)
+    counts = _refcounts(allocator, ids)
+    blocks = {
+        i: BlockState(refcount=n, content=None, computed=False, last_accessed=NEVER_ACCESSED)
+        for i, n in counts.items()
+        if n != 0
+    }
+    return AbstractState(
+        block_ids=ids,
+        free=tuple(getattr(allocator, "_free_block_indices", ())),
+        blocks=blocks,
+        cached={},
+        evictor=(),
+        touched=frozenset(),
+        copy_on_writes=_copy_on_writes(allocator),
+        hits=0,
+        misses=0,
+        reported_free=_reported_free(allocator, reported_free),
+        block_size=int(getattr(allocator, "_block_size", 0) or 0),
+    )
+
+
+def is_prefix_caching(allocator: Any) -> bool:
+    """Return whether the allocator has prefix-caching internals
+    (``_cached_blocks``); otherwise it is read as a naive allocator."""
+    return getattr(allocator, "_cached_blocks", None) is not None
+
+
+def abstract_state(
+    allocator: Any,
+    contents: Optional[Mapping[BlockId, Optional[ContentKey]]] = None,
+    *,
+    ledger: Optional[ContentLedger] = None,
+    live_blocks: Optional[Iterable[Any]] = None,
+    reported_free: Optional[int] = None,
+    block_ids: Optional[Iterable[BlockId]] = None,
+) -> AbstractState:
+    """Return the abstract state of one allocator (one device), reading its
+    vLLM-shaped attributes; the allocator is not changed.
+
+    Content of an id, first rule that applies:
+
+    1. ``contents[i]`` when given (what the caller's live Blocks spell; None
+       means "a live Block without content hash points here");
+    2. otherwise the key ``ledger`` (or ``contents``) names for the hash that
+       ``_cached_blocks`` maps to ``i``;
+    3. otherwise None (a mutable block).
+
+    ``live_blocks`` is a shorthand: ``contents`` is computed from them with
+    :func:`contents_of` (feeding ``ledger``).  Evictor entries are named by
+    their own hash.  ``reported_free`` and ``block_ids`` override the calls
+    to ``get_num_free_blocks()`` and ``all_block_ids`` (the checked
+    allocators pass the undecorated answers).  Raises
+    :class:`AbstractionError` for a cached hash nothing names.
+    """
+    if not is_prefix_caching(allocator):
+        return _naive_state(allocator, reported_free, block_ids)
+    if ledger is None:
+        ledger = ContentLedger()
+    if live_blocks is not None:
+        spelled = contents_of(live_blocks, ledger)
+        if contents is not None:
+            spelled.update(contents)
+        contents = spelled
+    given: Mapping[BlockId, Optional[ContentKey]] = contents if contents is not None else {}
+
+    ids = _block_ids(allocator, block_ids)
+    counts = _refcounts(allocator, ids)
+    cached_hashes: Mapping[int, BlockId] = allocator._cached_blocks
+    hash_of_id: Dict[BlockId, int] = {}
+    for h, i in cached_hashes.items():
+        hash_of_id.setdefault(i, h)
+
+    def name(h: int, i: Optional[BlockId]) -> ContentKey:
+        key = ledger.name(h)
+        if key is None and i is not None:
+            key = given.get(i)
+            if key is not None:
+                ledger.observe(h, key)
+        if key is None:
+            raise AbstractionError(f"no Block shown spells content hash {h} (id {i})")
+        return key
+
+    cached: Dict[ContentKey, BlockId] = {}
+    for h, i in cached_hashes.items():
+        cached.setdefault(name(h, i), i)
+
+    free_table: Mapping[BlockId, Any] = getattr(allocator.evictor, "free_table", {})
+    entries = [
+        EvictorEntry(
+            last_accessed=float(meta.last_accessed),
+            num_hashed_tokens=int(meta.num_hashed_tokens),
+            block_id=i,
+            content=name(meta.content_hash, i),
+        )
+        for i, meta in free_table.items()
+    ]
+    entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
+
+    touched = frozenset(getattr(allocator, "_touched_blocks", ()))
+    trackers: Mapping[BlockId, Any] = getattr(allocator, "_block_tracker", {})
+    blocks: Dict[BlockId, BlockState] = {}
+    for i in ids:
+        rc = counts.get(i, 0)
+        if rc == 0 and i not in free_table and i not in hash_of_id:
+            continue
+        if i in given:
+            content = given[i]
+        elif i in hash_of_id:
+            content = name(hash_of_id[i], i)
+        else:
+            content = None
+        tracker = trackers.get(i)
+        if tracker is not None and getattr(tracker, "active", False):
+            computed = bool(tracker.computed)
+            last = float(tracker.last_accessed)
+        else:
+            computed = i in free_table and i not in touched
+            last = float(free_table[i].last_accessed) if i in free_table else NEVER_ACCESSED
+        blocks[i] = BlockState(refcount=rc, content=content, computed=computed, last_accessed=last)
+
+    hits, misses = hits_and_misses(getattr(allocator, "metric_data", None))
+    hashless = getattr(allocator, "_hashless_allocator", None)
+    return AbstractState(
+        block_ids=ids,
+        free=tuple(getattr(hashless, "_free_block_indices", ())),
+        blocks=blocks,
+        cached=cached,
+        evictor=tuple(entries),
+        touched=touched,
+        copy_on_writes=_copy_on_writes(allocator),
+        hits=hits,
+        misses=misses,
+        reported_free=_reported_free(allocator, reported_free),
+        block_size=int(getattr(allocator, "_block_size", 0) or 0),
+    )
+
+
+def device_name(device: Any) -> str:
+    """Return the name of a device enum member (``"GPU"``, ``"CPU"``)."""
+    return str(getattr(device, "name", device))
+
+
+def device_allocators(allocator: Any) -> Dict[str, Any]:
+    """Return device name -> per-device allocator of a ``CpuGpuBlockAllocator``
+    (read from its ``_allocators``)."""
+    return {device_name(d): a for d, a in allocator._allocators.items()}
+
+
+def abstract_device_states(
+    allocator: Any,
+    contents: Optional[Mapping[BlockId, Optional[ContentKey]]] = None,
+    *,
+    ledger: Optional[ContentLedger] = None,
+    live_blocks: Optional[Iterable[Any]] = None,
+) -> Dict[str, AbstractState]:
+    """Return device name -> abstract state of each per-device allocator of a
+    ``CpuGpuBlockAllocator``; ``contents`` may hold ids of every device (ids
+    are disjoint across devices)."""
+    if ledger is None:
+        ledger = ContentLedger()
+    if live_blocks is not None:
+        spelled = contents_of(live_blocks, ledger)
+        if contents is not None:
+            spelled.update(contents)
+        contents = spelled
+    return {
+        name: abstract_state(a, contents, ledger=ledger)
+        for name, a in device_allocators(allocator).items()
+    }
+
+
+__all__ = [
+    "AbstractionError",
+    "Alias",
+    "Collision",
+    "ContentLedger",
+    "SharedIdConflict",
+    "abstract_device_states",
+    "abstract_state",
+    "chain_keys",
+    "content_key_of",
+    "contents_of",
+    "device_allocators",
+    "device_name",
+    "hits_and_misses",
+    "is_prefix_caching",
+    "ownership",
+    "ownership_matches_live",
+]

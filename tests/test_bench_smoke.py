@@ -1,0 +1,100 @@
+"""A short smoke of ``prefixcache bench``: the workload, the replay driver and
+the report run end to end on a tiny configuration.  Benchmarks are not
+tests: nothing here looks at a timing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
+from prefixcache.oracle import bench
+from prefixcache.oracle.benchdriver import CALL_NAMES, Machine, compile_workload, plan
+from prefixcache.oracle.targets import resolve_target
+from prefixcache.oracle.workload import OP_KINDS, WorkloadConfig
+
+TINY = WorkloadConfig(num_blocks=48, block_size=4, max_running=4, num_requests=16,
+                      seed=3, system_prompt_tokens=(4, 40), user_tokens=(1, 12),
+                      output_tokens=(1, 24), parallel_prob=0.3, arrival_rate=0.5)
+
+
+def _sha256_allocator(num_blocks: int, block_size: int) -> Any:
+    return PrefixCachingBlockAllocator(num_blocks=num_blocks, block_size=block_size,
+                                       hash_algo="sha256")
+
+
+def test_the_workload_is_plain_data_and_depends_only_on_the_seed() -> None:
+    first = plan(TINY).workload
+    again = plan(TINY).workload
+    assert first.ops == again.ops
+    assert {op[0] for op in first.ops} <= set(OP_KINDS)
+    for kind in ("admit", "append", "fork", "free", "query_free", "scheduled"):
+        assert any(op[0] == kind for op in first.ops), kind
+    assert first.stats.turns == TINY.num_requests
+    assert first.stats.recompute_preemptions + first.stats.swap_preemptions > 0
+    other = plan(WorkloadConfig(**{**TINY.__dict__, "seed": 4})).workload
+    assert other.ops != first.ops
+
+
+def test_the_program_replays_with_the_planned_answers() -> None:
+    program_plan = plan(TINY)
+    program = compile_workload(program_plan.workload)
+    assert program.instructions == program_plan.program.instructions
+    assert program.calls == sum(program.calls_by_name.values())
+    assert set(program.calls_by_name) <= set(CALL_NAMES.values())
+    machine = Machine(PrefixCachingBlockAllocator(num_blocks=TINY.num_blocks,
+                                                  block_size=TINY.block_size),
+                      program.num_seqs)
+    machine.run(program.instructions)
+    assert machine.answers == program.expected
+    assert len(machine.fingerprint()) == 64
+
+
+def test_two_correct_allocators_hand_out_the_same_ids() -> None:
+    program_plan = plan(TINY)
+    builtin = resolve_target(None)
+    sha256 = resolve_target(_sha256_allocator)
+    results = bench.measure([builtin, sha256], program_plan, "tiny", TINY.num_blocks,
+                            repeats=1, latency=True)
+    assert [r.error for r in results] == [None, None]
+    assert results[0].fingerprint == results[1].fingerprint
+    assert all(r.answers_match for r in results)
+    assert results[0].hit_rate == results[1].hit_rate
+    assert "append_token_ids" in results[0].latency
+    assert results[0].latency["append_token_ids"].count > 0
+
+
+def test_the_verb_prints_and_writes_json(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    args = parser.parse_args([
+        "--blocks", "512", "--tight-blocks", "128", "--running", "4",
+        "--requests", "6", "--repeats", "1", "--scaling", "--scaling-sizes", "512,2048",
+        "--against", "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator",
+        "--json", str(out),
+    ])
+    assert bench.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "calls/s" in printed and "fingerprints identical" in printed
+    assert "flat cost" in printed
+    document = json.loads(out.read_text())
+    assert [pool["pool"] for pool in document["pools"]] == ["roomy", "tight"]
+    for pool in document["pools"]:
+        assert pool["fingerprints_identical"] is True
+        for result in pool["results"]:
+            assert result["calls"] > 0 and result["error"] is None
+            assert set(result["latency"]) <= set(CALL_NAMES.values())
+    assert [row["num_blocks"] for row in document["scaling"]] == [512, 2048]
+
+
+def test_a_bad_target_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--target", "no.such.module:Allocator"])
+    assert bench.run(args) == 2

@@ -1,0 +1,1309 @@
+"""prefixcache.impl.prefix_caching_block: the prefix-caching allocator, its
+Block, BlockTracker, ComputedBlocksTracker and LastAccessBlocksTracker.
+
+Every id, hash, evictor entry, tracker field and metric below is worked out
+from shared/API.md sections 2, 3 and 5 (plus section 8 where prefixcache is
+stricter); rejected calls are checked with the shared snapshot helper."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+from unittest.mock import MagicMock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from impl_snapshot import check_still_works, expect_rejected, next_id, snapshot
+
+from prefixcache.impl import errors as err
+from prefixcache.impl.common import CacheMetricData
+from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
+from prefixcache.impl.evictor import EvictionPolicy, LRUEvictor
+from prefixcache.impl.hashing import builtin_hash, sha256_hash
+from prefixcache.impl.interfaces import Block, BlockAllocator, Device
+from prefixcache.impl.naive_block import NaiveBlock, NaiveBlockAllocator
+from prefixcache.impl.prefix_caching_block import (
+    _DEFAULT_LAST_ACCESSED_TIME,
+    BlockTracker,
+    ComputedBlocksTracker,
+    LastAccessBlocksTracker,
+    PrefixCachingBlock,
+    PrefixCachingBlockAllocator,
+    assert_prefix_caching_block_or_none,
+)
+
+H = PrefixCachingBlock.hash_block_tokens
+NONE_HASH = hash("None")
+NoFree = BlockAllocator.NoFreeBlocksError
+
+
+def make(num_blocks: int = 4, block_size: int = 2, **kwargs: object) -> PrefixCachingBlockAllocator:
+    return PrefixCachingBlockAllocator(num_blocks=num_blocks, block_size=block_size,
+                                       **kwargs)  # type: ignore[arg-type]
+
+
+def tracker_of(a: PrefixCachingBlockAllocator, block_id: int) -> tuple:
+    t = a._block_tracker[block_id]
+    return (t.active, t.last_accessed, t.computed)
+
+
+IDLE = (False, -1, False)
+
+
+def metric(a: PrefixCachingBlockAllocator) -> tuple:
+    m = a.metric_data
+    return (m.num_incompleted_block_queries, m.num_incompleted_block_hit)
+
+
+def evictor_entries(a: PrefixCachingBlockAllocator) -> list:
+    return snapshot(a)["evictor_free_table"]
+
+
+# --------------------------------------------------------------------------
+# BlockTracker
+
+
+def test_block_tracker_life_cycle() -> None:
+    t = BlockTracker()
+    assert (t.active, t.last_accessed, t.computed) == (False, -1, False)
+    assert _DEFAULT_LAST_ACCESSED_TIME == -1
+    t.enable()
+    assert (t.active, t.last_accessed, t.computed) == (True, -1, False)
+    t.last_accessed, t.computed = 5.0, True
+    with pytest.raises(err.InvalidArgumentError):
+        t.enable()
+    assert (t.active, t.last_accessed, t.computed) == (True, 5.0, True)
+    t.reset()
+    assert (t.active, t.last_accessed, t.computed) == (True, -1, False)
+    t.last_accessed, t.computed = 6.0, True
+    t.disable()
+    assert (t.active, t.last_accessed, t.computed) == (False, -1, False)
+    with pytest.raises(err.InvalidArgumentError):
+        t.disable()
+    with pytest.raises(AssertionError):
+        t.disable()
+    assert t.active is False
+    with pytest.raises(AttributeError):
+        t.other = 1  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------
+# construction
+
+
+def test_construction_state() -> None:
+    a = make(3, 2)
+    s = snapshot(a)
+    assert s["free"] == [0, 1, 2]
+    assert s["refcounts"] == {0: 0, 1: 0, 2: 0}
+    assert s["cached"] == [] and s["touched"] == set()
+    assert s["trackers"] == {0: IDLE, 1: IDLE, 2: IDLE}
+    assert s["evictor_free_table"] == [] and s["cows"] == []
+    assert s["metric"] == {"num_completed_blocks": 0, "completed_block_cache_hit_rate": 0.0,
+                           "num_incompleted_block_queries": 0, "num_incompleted_block_hit": 0,
+                           "block_size": 1000}
+    assert a.eviction_policy is EvictionPolicy.LRU
+    assert isinstance(a.evictor, LRUEvictor)
+    assert isinstance(a._hashless_allocator, NaiveBlockAllocator)
+    assert a._hashless_allocator._block_pool is a._block_pool
+    assert a._refcounter is a._hashless_allocator.refcounter
+    assert a._block_pool.pool_size == 12
+    assert PrefixCachingBlockAllocator._none_hash == NONE_HASH
+    assert a.content_hash_function is builtin_hash
+    assert a.get_num_total_blocks() == 3 and a.get_num_free_blocks() == 3
+    assert a.all_block_ids == frozenset({0, 1, 2})
+    assert a.get_prefix_cache_hit_rate() == 0.0
+
+
+def test_construction_with_ids_and_hash_algo() -> None:
+    a = make(3, 2, block_ids=[9, 4, 6], hash_algo="sha256")
+    assert snapshot(a)["free"] == [9, 4, 6]
+    assert set(a._block_tracker) == {9, 4, 6}
+    assert a.content_hash_function is sha256_hash
+    assert a.allocate_mutable_block(None).block_id == 9
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_blocks=3, block_size=2, block_ids=[0, 1, 1]),
+    dict(num_blocks=3, block_size=2, block_ids=[0, 1]),
+    dict(num_blocks=2, block_size=2, block_ids=[0, 1, 2]),
+    dict(num_blocks=-2, block_size=2),
+    dict(num_blocks=2, block_size=0),
+    dict(num_blocks="2", block_size=2),
+    dict(num_blocks=2, block_size=2, eviction_policy="LRU"),
+    dict(num_blocks=2, block_size=2, hash_algo="md5"),
+    dict(num_blocks=2, block_size=2, hash_algo=5),
+])
+def test_bad_constructor_arguments(kwargs: dict) -> None:
+    with pytest.raises(err.InvalidArgumentError):
+        PrefixCachingBlockAllocator(**kwargs)
+    with pytest.raises(AssertionError):
+        PrefixCachingBlockAllocator(**kwargs)
+
+
+# --------------------------------------------------------------------------
+# mutable allocation
+
+
+def test_mutable_blocks_take_ids_in_order() -> None:
+    a = make(3, 2)
+    first = a.allocate_mutable_block(None)
+    second = a.allocate_mutable_block(first, extra_hash=7)
+    assert isinstance(first, PrefixCachingBlock)
+    assert (first.block_id, second.block_id) == (0, 1)
+    assert second.prev_block is first and second.extra_hash == 7
+    assert first.computed is False and first.content_hash is None and first.token_ids == []
+    assert tracker_of(a, 0) == (True, -1, False)
+    assert snapshot(a)["refcounts"] == {0: 1, 1: 1, 2: 0}
+    assert a.get_num_free_blocks() == 1
+    assert a._cached_blocks == {}
+
+
+def test_mutable_allocation_with_nothing_free_or_evictable() -> None:
+    a = make(2, 2)
+    blocks = [a.allocate_mutable_block(None) for _ in range(2)]
+    expect_rejected(a, NoFree, lambda: a.allocate_mutable_block(None), blocks=blocks)
+    expect_rejected(a, ValueError, lambda: a.allocate_mutable_block(blocks[1]), blocks=blocks)
+
+
+def test_mutable_allocation_evicts_when_no_id_is_free() -> None:
+    a = make(2, 2)
+    x = a.allocate_immutable_block(None, [1, 2])
+    y = a.allocate_immutable_block(x, [3, 4])
+    hx, hy = x.content_hash, y.content_hash
+    a.free(y)
+    a.free(x)
+    # both at -1: the deeper block (4 hashed tokens) goes first
+    assert snapshot(a)["evictor_evict_order"] == [1, 0]
+    b = a.allocate_mutable_block(None)
+    assert b.block_id == 1
+    assert a._cached_blocks == {hx: 0}
+    assert hy not in a._cached_blocks
+    assert a._touched_blocks == {0}  # 1 left the touched set with its content
+    assert tracker_of(a, 1) == (True, -1, False)
+    assert snapshot(a)["refcounts"] == {0: 0, 1: 1}
+    assert a.get_num_free_blocks() == 1
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: a.allocate_mutable_block(None, device=Device.GPU),
+    lambda a: a.allocate_immutable_block(None, [1, 2], device=Device.CPU),
+    lambda a: a.allocate_immutable_blocks(None, [[1, 2]], device=Device.GPU),
+    lambda a: a.get_num_free_blocks(device=Device.GPU),
+])
+def test_device_must_be_none(call) -> None:  # type: ignore[no-untyped-def]
+    a = make(3, 2)
+    a.allocate_immutable_block(None, [5, 6])
+    expect_rejected(a, err.InvalidArgumentError, lambda: call(a))
+
+
+def test_allocation_argument_errors_change_nothing() -> None:
+    a = make(4, 2)
+    full = a.allocate_immutable_block(None, [1, 2])
+    part = a.allocate_mutable_block(full)
+    part.append_token_ids([3])
+    naive_block = NaiveBlock(None, [1, 2], 2, MagicMock(), block_id=0)
+    cases = [
+        (err.WrongTypeError, lambda: a.allocate_mutable_block(naive_block)),
+        (err.WrongTypeError, lambda: a.allocate_mutable_block("prev")),
+        (err.WrongTypeError, lambda: a.allocate_mutable_block(None, extra_hash="lora")),
+        (err.WrongTypeError, lambda: a.allocate_immutable_block(None, [1, 2.0])),
+        (err.WrongTypeError, lambda: a.allocate_immutable_block(None, (1, True))),
+        (err.WrongTypeError, lambda: a.allocate_immutable_block(None, None)),
+        (err.WrongTypeError, lambda: a.allocate_immutable_block(naive_block, [1, 2])),
+        (err.WrongTypeError, lambda: a.allocate_immutable_block(None, [1, 2], extra_hash=1.5)),
+        (err.BlockFullError, lambda: a.allocate_immutable_block(None, [1, 2, 3])),
+        (err.UnhashableBlockError, lambda: a.allocate_immutable_block(None, [1])),
+        (err.UnhashableBlockError, lambda: a.allocate_immutable_block(None, [])),
+        (err.UnhashableBlockError, lambda: a.allocate_immutable_block(part, [4, 5])),
+        (err.UnhashableBlockError, lambda: a.allocate_immutable_blocks(None, [[1, 2], [3]])),
+        (err.UnhashableBlockError, lambda: a.allocate_immutable_blocks(part, [[1, 2]])),
+        (err.BlockFullError, lambda: a.allocate_immutable_blocks(full, [[3, 4], [5, 6, 7]])),
+        (err.WrongTypeError, lambda: a.allocate_immutable_blocks(full, [[3, 4], ["x", 6]])),
+    ]
+    for exc_type, call in cases:
+        expect_rejected(a, exc_type, call, blocks=[full, part])
+    assert metric(a) == (1, 0)
+
+
+# --------------------------------------------------------------------------
+# immutable allocation: hits and misses
+
+
+def test_immutable_miss_then_hit_in_use() -> None:
+    a = make(4, 2)
+    first = a.allocate_immutable_block(None, [1, 2])
+    h1 = H(True, None, [1, 2])
+    assert (first.block_id, first.content_hash, first.computed) == (0, h1, False)
+    assert a._cached_blocks == {h1: 0}
+    assert a._touched_blocks == {0}
+    assert tracker_of(a, 0) == (True, -1, False)
+    assert metric(a) == (1, 0)
+    again = a.allocate_immutable_block(None, [1, 2])
+    assert again is not first
+    assert (again.block_id, again.computed) == (0, True)
+    assert snapshot(a)["refcounts"] == {0: 2, 1: 0, 2: 0, 3: 0}
+    assert tracker_of(a, 0) == (True, -1, False)  # a hit in use leaves the tracker alone
+    assert metric(a) == (2, 1)
+    assert a.get_prefix_cache_hit_rate() == 0.5
+    assert a.get_num_free_blocks() == 3
+
+
+def test_immutable_chain_hashes_and_num_tokens_total() -> None:
+    a = make(4, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6]], extra_hash=3)
+    h1 = H(True, None, [1, 2], 3)
+    h2 = H(False, h1, [3, 4], 3)
+    h3 = H(False, h2, [5, 6], 3)
+    assert [b.content_hash for b in chain] == [h1, h2, h3]
+    assert [b.block_id for b in chain] == [0, 1, 2]
+    assert [b.num_tokens_total for b in chain] == [2, 4, 6]
+    assert chain[2].prev_block is chain[1] and chain[0].prev_block is None
+    assert list(a._cached_blocks.items()) == [(h1, 0), (h2, 1), (h3, 2)]
+    assert a._touched_blocks == {0, 1, 2}
+    tail = a.allocate_immutable_block(chain[-1], [7, 8], extra_hash=3)
+    assert tail.content_hash == H(False, h3, [7, 8], 3)
+    assert tail.num_tokens_total == 8
+    assert metric(a) == (4, 0)
+
+
+def test_immutable_hit_on_an_evictable_id_revives_it() -> None:
+    a = make(3, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    a.mark_blocks_as_computed([])
+    a.mark_blocks_as_accessed([0], 4.0)
+    a.free(b)
+    h = H(True, None, [1, 2])
+    assert evictor_entries(a) == [(0, h, 2, 4.0)]
+    assert tracker_of(a, 0) == IDLE
+    assert a.get_num_free_blocks() == 3
+    assert a.block_is_computed(0) is True
+    hit = a.allocate_immutable_block(None, [1, 2])
+    assert (hit.block_id, hit.computed) == (0, True)
+    assert evictor_entries(a) == []
+    assert tracker_of(a, 0) == (True, -1, True)  # last_accessed back to -1
+    assert snapshot(a)["refcounts"] == {0: 1, 1: 0, 2: 0}
+    assert a.get_num_free_blocks() == 2
+    assert metric(a) == (2, 1)
+
+
+def test_revived_touched_block_is_not_computed_until_marked() -> None:
+    # promoted, freed before mark_blocks_as_computed, then hit again: its KV
+    # is still not known to be computed (section 8: find_cached_blocks_prefix
+    # counts only computed blocks)
+    a = make(3, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    h = b.content_hash
+    a.free(b)
+    assert a.block_is_computed(0) is False
+    assert a.find_cached_blocks_prefix([h]) == []
+    hit = a.allocate_immutable_block(None, [1, 2])
+    assert hit.block_id == 0
+    assert tracker_of(a, 0) == (True, -1, False)
+    assert a.find_cached_blocks_prefix([h]) == []
+    a.mark_blocks_as_computed([])
+    assert tracker_of(a, 0) == (True, -1, True)
+    assert a.find_cached_blocks_prefix([h]) == [h]
+
+
+def test_immutable_miss_without_a_free_id() -> None:
+    a = make(2, 2)
+    cached = a.allocate_immutable_block(None, [1, 2])
+    other = a.allocate_mutable_block(None)
+    expect_rejected(a, NoFree, lambda: a.allocate_immutable_block(None, [3, 4]),
+                    blocks=[cached, other])
+    expect_rejected(a, NoFree, lambda: a.allocate_immutable_block(cached, [3, 4]))
+    assert metric(a) == (1, 0)
+    # a hit on an id in use needs no free id
+    hit = a.allocate_immutable_block(None, [1, 2])
+    assert hit.block_id == 0 and metric(a) == (2, 1)
+
+
+def test_immutable_blocks_running_out_half_way_take_nothing() -> None:
+    a = make(4, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    lists = [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10]]
+    expect_rejected(a, NoFree, lambda: a.allocate_immutable_blocks(None, lists), blocks=chain)
+    assert metric(a) == (2, 0)
+    got = a.allocate_immutable_blocks(None, lists[:4])
+    assert [b.block_id for b in got] == [0, 1, 2, 3]
+    assert [b.computed for b in got] == [True, True, False, False]
+    assert metric(a) == (6, 2)
+    assert snapshot(a)["refcounts"] == {0: 2, 1: 2, 2: 1, 3: 1}
+
+
+def test_immutable_blocks_count_revived_hits_in_their_demand() -> None:
+    a = make(3, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    blocker = a.allocate_mutable_block(None)
+    a.free(chain[1])
+    a.free(chain[0])
+    assert blocker.block_id == 2 and snapshot(a)["free"] == []
+    # two hits that revive evictable ids and one miss: 3 ids needed, 2 evictable
+    lists = [[1, 2], [3, 4], [5, 6]]
+    expect_rejected(a, NoFree, lambda: a.allocate_immutable_blocks(None, lists),
+                    blocks=[blocker])
+    got = a.allocate_immutable_blocks(None, lists[:2])
+    assert [b.block_id for b in got] == [0, 1]
+    assert a.get_num_free_blocks() == 0
+
+
+# --------------------------------------------------------------------------
+# promotion
+
+
+def test_append_to_full_promotes_new_content() -> None:
+    a = make(4, 2)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids([1])
+    assert b.content_hash is None and a._cached_blocks == {}
+    b.append_token_ids([2])
+    h = H(True, None, [1, 2])
+    assert (b.block_id, b.content_hash, b.computed) == (0, h, False)
+    assert a._cached_blocks == {h: 0} and a._touched_blocks == {0}
+    assert metric(a) == (0, 0)  # a promotion is not a query
+
+
+def test_promotion_of_duplicate_content_moves_to_the_cached_id() -> None:
+    a = make(4, 2)
+    original = a.allocate_immutable_block(None, [1, 2])
+    dup = a.allocate_mutable_block(None)
+    assert dup.block_id == 1
+    dup.append_token_ids([1, 2])
+    assert (dup.block_id, dup.computed) == (0, True)
+    assert snapshot(a)["free"] == [1, 2, 3]  # the old id back on the left
+    assert snapshot(a)["refcounts"] == {0: 2, 1: 0, 2: 0, 3: 0}
+    assert tracker_of(a, 1) == IDLE
+    assert metric(a) == (1, 0)
+    assert original.block_id == 0
+
+
+def test_promotion_of_duplicate_content_revives_an_evictable_id() -> None:
+    a = make(3, 2)
+    original = a.allocate_immutable_block(None, [1, 2])
+    a.mark_blocks_as_computed([])
+    a.free(original)
+    dup = a.allocate_mutable_block(None)
+    assert dup.block_id == 1
+    dup.append_token_ids([1, 2])
+    assert dup.block_id == 0
+    assert evictor_entries(a) == []
+    assert tracker_of(a, 0) == (True, -1, True)
+    assert snapshot(a)["free"] == [1, 2]
+    assert a.get_num_free_blocks() == 2
+
+
+def test_promote_directly() -> None:
+    a = make(4, 2)
+    b = a.allocate_mutable_block(None)
+    b._token_ids.extend([5, 6])  # filled behind the allocator's back, not promoted yet
+    b._num_tokens_total = 2
+    assert a.promote_to_immutable_block(b) == 0
+    assert a._cached_blocks == {H(True, None, [5, 6]): 0}
+    assert a._touched_blocks == {0}
+
+
+def test_promote_errors_change_nothing() -> None:
+    a, other = make(4, 2), make(4, 2)
+    full = a.allocate_immutable_block(None, [1, 2])
+    part = a.allocate_mutable_block(None)
+    part.append_token_ids([3])
+    loose = a.allocate_mutable_block(None)
+    a.free(loose, keep_block_object=True)
+    theirs = other.allocate_mutable_block(None)
+    blocks = [full, part]
+    expect_rejected(a, err.ImmutableBlockError, lambda: a.promote_to_immutable_block(full),
+                    blocks=blocks)
+    expect_rejected(a, err.UnhashableBlockError, lambda: a.promote_to_immutable_block(part),
+                    blocks=blocks)
+    expect_rejected(a, err.DetachedBlockError, lambda: a.promote_to_immutable_block(loose),
+                    blocks=blocks)
+    expect_rejected(a, err.ForeignBlockError, lambda: a.promote_to_immutable_block(theirs),
+                    blocks=blocks)
+    expect_rejected(a, err.WrongTypeError, lambda: a.promote_to_immutable_block("b"),
+                    blocks=blocks)
+
+
+# --------------------------------------------------------------------------
+# copy-on-write
+
+
+def test_cow_of_a_forked_mutable_block() -> None:
+    a = make(4, 4)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids([1])
+    (f,) = a.fork(b)
+    assert a.cow_block_if_not_appendable(b) == 1
+    assert (b.block_id, f.block_id) == (1, 0)
+    assert snapshot(a)["refcounts"] == {0: 1, 1: 1, 2: 0, 3: 0}
+    assert tracker_of(a, 0) == (True, -1, False) and tracker_of(a, 1) == (True, -1, False)
+    assert a.cow_block_if_not_appendable(f) == 0  # now unshared
+    f.append_token_ids([2])
+    (g,) = a.fork(f)
+    g.append_token_ids([3])
+    assert (f.token_ids, g.token_ids, g.block_id) == ([1, 2], [1, 2, 3], 2)
+    assert a.clear_copy_on_writes() == [(0, 1), (0, 2)]
+    assert a.clear_copy_on_writes() == []
+
+
+def test_cow_can_evict() -> None:
+    a = make(2, 2)
+    cached = a.allocate_immutable_block(None, [7, 8])
+    a.free(cached)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids([1])
+    (f,) = a.fork(b)
+    assert snapshot(a)["free"] == [] and a.get_num_free_blocks() == 1
+    f.append_token_ids([2])
+    assert f.block_id == 0 and b.block_id == 1
+    assert a._cached_blocks == {H(True, None, [1, 2]): 0}
+    assert a.clear_copy_on_writes() == [(1, 0)]
+
+
+def test_cow_without_a_free_id_changes_nothing() -> None:
+    a = make(2, 2)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids([1])
+    (f,) = a.fork(b)
+    a.allocate_mutable_block(None)
+    expect_rejected(a, NoFree, lambda: a.cow_block_if_not_appendable(f), blocks=[b, f])
+    expect_rejected(a, NoFree, lambda: f.append_token_ids([2]), blocks=[b, f])
+    assert (f.block_id, f.token_ids, f.num_tokens_total) == (0, [1], 1)
+
+
+def test_cow_errors_change_nothing() -> None:
+    a = make(4, 2)
+    full = a.allocate_immutable_block(None, [1, 2])
+    (shared,) = a.fork(full)
+    expect_rejected(a, err.ImmutableBlockError, lambda: a.cow_block_if_not_appendable(full),
+                    blocks=[full, shared])
+    loose = a.allocate_mutable_block(None)
+    a.free(loose, keep_block_object=True)
+    expect_rejected(a, err.DetachedBlockError, lambda: a.cow_block_if_not_appendable(loose))
+    a.free(shared)
+    assert a.cow_block_if_not_appendable(full) == 0  # sole reference: no copy needed
+
+
+# --------------------------------------------------------------------------
+# free
+
+
+def test_free_of_a_hashed_block_makes_it_evictable_and_keeps_it_cached() -> None:
+    a = make(3, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    h1, h2 = chain[0].content_hash, chain[1].content_hash
+    (f0, f1) = a.fork(chain[1])
+    a.free(chain[1])
+    assert snapshot(a)["refcounts"] == {0: 2, 1: 1, 2: 0}
+    assert evictor_entries(a) == [] and chain[1].block_id is None
+    a.mark_blocks_as_accessed([1], 3.0)
+    a.free(f1)
+    assert evictor_entries(a) == [(1, h2, 4, 3.0)]
+    assert tracker_of(a, 1) == IDLE
+    assert list(a._cached_blocks.items()) == [(h1, 0), (h2, 1)]
+    assert a.get_num_free_blocks() == 2
+    assert snapshot(a)["free"] == [2]
+
+
+def test_free_of_a_mutable_block_returns_the_id_on_the_left() -> None:
+    a = make(3, 2)
+    x = a.allocate_mutable_block(None)
+    y = a.allocate_mutable_block(None)
+    x.append_token_ids([1])
+    a.free(y)
+    a.free(x)
+    assert snapshot(a)["free"] == [0, 1, 2]
+    assert tracker_of(a, 0) == IDLE
+    assert a.allocate_mutable_block(None) is x  # the pool is LIFO too
+
+
+def test_free_keep_block_object() -> None:
+    a = make(2, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    pool_before = snapshot(a)["pool"]
+    a.free(b, keep_block_object=True)
+    assert b.block_id is None and b.token_ids == [1, 2]
+    assert snapshot(a)["pool"] == pool_before
+
+
+def test_free_errors_change_nothing() -> None:
+    a, other = make(3, 2), make(3, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    m = a.allocate_mutable_block(None)
+    theirs = other.allocate_immutable_block(None, [1, 2])
+    a.free(m, keep_block_object=True)
+    blocks = [b, m]
+    expect_rejected(a, err.DetachedBlockError, lambda: a.free(m), blocks=blocks)
+    m.block_id = 1  # a Block claiming an id it no longer references
+    expect_rejected(a, err.RefCountError, lambda: a.free(m), blocks=blocks)
+    m.block_id = 42
+    expect_rejected(a, err.UnknownBlockIdError, lambda: a.free(m), blocks=blocks)
+    m.block_id = None
+    expect_rejected(a, err.ForeignBlockError, lambda: a.free(theirs), blocks=blocks)
+    naive = NaiveBlockAllocator(NaiveBlock, 3, 2)
+    expect_rejected(a, err.WrongTypeError, lambda: a.free(naive.allocate_mutable_block(None)))
+    expect_rejected(a, err.WrongTypeError, lambda: a.free(None))  # type: ignore[arg-type]
+    assert snapshot(other)["refcounts"] == {0: 1, 1: 0, 2: 0}
+
+
+# --------------------------------------------------------------------------
+# fork
+
+
+def test_fork_shares_ids_and_copies_extra_hash() -> None:
+    a = make(4, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=5)
+    tail = a.allocate_mutable_block(chain[-1], extra_hash=5)
+    tail.append_token_ids([9])
+    a.mark_blocks_as_computed([])
+    forked = a.fork(tail)
+    assert [b.block_id for b in forked] == [0, 1, 2]
+    assert [b.token_ids for b in forked] == [[1, 2], [3, 4], [9]]
+    assert [b.extra_hash for b in forked] == [5, 5, 5]
+    assert [b.computed for b in forked] == [False, False, False]
+    assert [b.content_hash for b in forked] == [chain[0].content_hash, chain[1].content_hash,
+                                                None]
+    assert [b.num_tokens_total for b in forked] == [2, 4, 5]
+    assert forked[1].prev_block is forked[0] and forked[2].prev_block is forked[1]
+    assert forked[2].token_ids is not tail.token_ids
+    assert snapshot(a)["refcounts"] == {0: 2, 1: 2, 2: 2, 3: 0}
+    forked[2].append_token_ids([10])  # CoW, then promotion of the new content
+    assert forked[2].block_id == 3
+    assert a.clear_copy_on_writes() == [(2, 3)]
+    assert a._cached_blocks[forked[2].content_hash] == 3
+
+
+def test_fork_errors_change_nothing() -> None:
+    a = make(4, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    a.free(chain[0], keep_block_object=True)
+    expect_rejected(a, err.DetachedBlockError, lambda: a.fork(chain[1]), blocks=chain)
+    other = make(4, 2)
+    theirs = other.allocate_mutable_block(None)
+    expect_rejected(a, err.ForeignBlockError, lambda: a.fork(theirs))
+    naive = NaiveBlockAllocator(NaiveBlock, 2, 2)
+    expect_rejected(a, err.WrongTypeError, lambda: a.fork(naive.allocate_mutable_block(None)))
+
+
+@pytest.mark.parametrize("not_a_block", ["x", 7, None])
+def test_fork_of_a_non_block_is_refused(not_a_block: object) -> None:
+    a = make(4, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    expect_rejected(a, err.WrongTypeError, lambda: a.fork(not_a_block), blocks=[b])  # type: ignore[arg-type]
+
+
+def test_fork_of_a_100k_chain_at_recursion_limit_1000() -> None:
+    n = 100_000
+    a = make(n, 1)
+    last: Optional[Block] = None
+    chain: List[Block] = []
+    for _ in range(n):  # mutable blocks: no hashing needed to build the chain
+        last = a.allocate_mutable_block(last)
+        chain.append(last)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        forked = a.fork(chain[-1])
+        assert chain[-1].content_hash is None
+    finally:
+        sys.setrecursionlimit(limit)
+    assert len(forked) == n
+    assert forked[-1].block_id == n - 1 and forked[-1].prev_block is forked[-2]
+    assert a._refcounts[0] == 2 and a._refcounts[n - 1] == 2
+
+
+def test_content_hash_of_a_100k_chain_at_recursion_limit_1000() -> None:
+    n = 100_000
+    a = make(4, 1)
+    last: Optional[PrefixCachingBlock] = None
+    for i in range(n):  # detached blocks: the hash is computed lazily, at the end
+        last = PrefixCachingBlock(last, [i], 1, a)
+    assert last is not None
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        value = last.content_hash
+    finally:
+        sys.setrecursionlimit(limit)
+    expected: Optional[int] = None
+    for i in range(n):
+        expected = builtin_hash(expected, [i], None)
+    assert value == expected
+    assert last.num_tokens_total == n
+
+
+# --------------------------------------------------------------------------
+# counts and lookups
+
+
+def test_get_physical_block_id_on_shuffled_ids() -> None:
+    ids = [31, 7, 19, 2, 44, 11]
+    a = make(6, 2, block_ids=ids)
+    assert [a.get_physical_block_id(i) for i in ids] == [4, 1, 3, 0, 5, 2]
+    for unknown in (0, 45, None):
+        expect_rejected(a, err.UnknownBlockIdError, lambda u=unknown: a.get_physical_block_id(u))
+
+
+def test_free_count_is_exact_after_anything() -> None:
+    a = make(5, 2)
+    x = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    y = a.allocate_mutable_block(None)
+    a.fork(x[-1])
+    a.free(x[1])
+    a.free(y)
+    a.free(x[0])
+    a.mark_blocks_as_accessed([0], 2.0)
+    n = a.get_num_free_blocks()
+    assert n == 3  # 0 is still referenced by the fork; 1 is shared; 2,3,4 free or evictable
+    for _ in range(n):
+        a.allocate_mutable_block(None)
+    expect_rejected(a, NoFree, lambda: a.allocate_mutable_block(None))
+
+
+def test_is_block_cached_and_block_is_computed() -> None:
+    a = make(4, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    m = a.allocate_mutable_block(None)
+    m.append_token_ids([5])
+    detached_twin = PrefixCachingBlock(None, [1, 2], 2, a)
+    stranger = PrefixCachingBlock(None, [8, 9], 2, a)
+    assert a.is_block_cached(b) is True
+    assert a.is_block_cached(detached_twin) is True
+    assert a.is_block_cached(stranger) is False
+    expect_rejected(a, err.UnhashableBlockError, lambda: a.is_block_cached(m))
+    assert a.block_is_computed(0) is False  # promoted, not marked yet
+    assert a.block_is_computed(1) is False  # mutable
+    assert a.block_is_computed(2) is False  # free
+    a.mark_blocks_as_computed([])
+    assert a.block_is_computed(0) is True
+    a.free(b)
+    assert a.block_is_computed(0) is True  # evictable and computed
+    expect_rejected(a, err.UnknownBlockIdError, lambda: a.block_is_computed(9))
+
+
+def test_num_full_blocks_touched() -> None:
+    a = make(4, 2)
+    in_use = a.allocate_immutable_block(None, [1, 2])
+    evictable = a.allocate_immutable_block(None, [3, 4])
+    twin = PrefixCachingBlock(None, [3, 4], 2, a)
+    a.free(evictable)
+    new = PrefixCachingBlock(None, [5, 6], 2, a)
+    part = PrefixCachingBlock(None, [7], 2, a)
+    after_part = PrefixCachingBlock(part, [8, 9], 2, a)  # full, but no hash
+    assert a.get_num_full_blocks_touched([]) == 0
+    assert a.get_num_full_blocks_touched([in_use]) == 0
+    assert a.get_num_full_blocks_touched([twin]) == 1
+    assert a.get_num_full_blocks_touched([new, new]) == 2  # no deduplication
+    assert a.get_num_full_blocks_touched([part]) == 0
+    assert a.get_num_full_blocks_touched([after_part]) == 1
+    assert a.get_num_full_blocks_touched([in_use, twin, new, part, after_part]) == 3
+
+
+def test_find_cached_blocks_prefix() -> None:
+    a = make(6, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6], [7, 8]])
+    hashes = [b.content_hash for b in chain]
+    assert a.find_cached_blocks_prefix(hashes) == []  # promoted, not computed
+    a.mark_blocks_as_computed([])
+    assert a.find_cached_blocks_prefix(hashes) == hashes
+    assert a.find_cached_blocks_prefix(hashes[:2] + [123]) == hashes[:2]
+    assert a.find_cached_blocks_prefix([]) == []
+    assert a.find_cached_blocks_prefix([123] + hashes) == []
+
+
+def test_find_cached_blocks_prefix_is_exact_when_a_middle_block_was_evicted() -> None:
+    # cached+computed pattern [yes, no, yes, yes]: the answer is the first
+    # hash only (a binary search would have returned all four)
+    a = make(4, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6], [7, 8]])
+    hashes = [b.content_hash for b in chain]
+    a.mark_blocks_as_computed([])
+    for b in reversed(chain):
+        a.free(b)
+    a.mark_blocks_as_accessed([0, 2, 3], 5.0)
+    assert snapshot(a)["evictor_evict_order"] == [1, 3, 2, 0]
+    victim = a.allocate_mutable_block(None)
+    assert victim.block_id == 1
+    assert a.find_cached_blocks_prefix(hashes) == hashes[:1]
+
+
+def test_mark_blocks_as_accessed() -> None:
+    a = make(4, 2)
+    x = a.allocate_immutable_block(None, [1, 2])
+    y = a.allocate_immutable_block(None, [3, 4])
+    a.mark_blocks_as_accessed([0], 1.5)
+    assert tracker_of(a, 0) == (True, 1.5, False)
+    a.free(x)
+    a.free(y)
+    hx, hy = H(True, None, [1, 2]), H(True, None, [3, 4])
+    assert evictor_entries(a) == [(0, hx, 2, 1.5), (1, hy, 2, -1)]
+    assert snapshot(a)["evictor_evict_order"] == [1, 0]
+    a.mark_blocks_as_accessed([1], 7)
+    assert evictor_entries(a) == [(0, hx, 2, 1.5), (1, hy, 2, 7)]
+    assert snapshot(a)["evictor_evict_order"] == [0, 1]
+    a.mark_blocks_as_accessed([], 9.0)
+    assert a.allocate_mutable_block(None).block_id == 2
+
+
+def test_mark_blocks_as_accessed_errors_are_all_or_nothing() -> None:
+    a = make(4, 2)
+    x = a.allocate_immutable_block(None, [1, 2])
+    exc = expect_rejected(a, err.BlockNotOnDeviceError,
+                          lambda: a.mark_blocks_as_accessed([0, 3], 2.0), blocks=[x],
+                          match="^Mark block as accessed which is not belonged to GPU$")
+    assert isinstance(exc, ValueError)
+    assert tracker_of(a, 0) == (True, -1, False)
+    exc = expect_rejected(a, err.UnknownBlockIdError,
+                          lambda: a.mark_blocks_as_accessed([0, 17], 2.0))
+    assert isinstance(exc, KeyError)
+    expect_rejected(a, KeyError, lambda: a.mark_blocks_as_accessed([None], 2.0))
+    expect_rejected(a, err.WrongTypeError, lambda: a.mark_blocks_as_accessed([0], "now"))
+    expect_rejected(a, err.WrongTypeError, lambda: a.mark_blocks_as_accessed([0], None))
+
+
+def test_mark_blocks_as_computed_ignores_its_argument() -> None:
+    a = make(4, 2)
+    x = a.allocate_immutable_block(None, [1, 2])
+    y = a.allocate_immutable_block(None, [3, 4])
+    m = a.allocate_mutable_block(None)
+    a.free(y)
+    assert a._touched_blocks == {0, 1}
+    a.mark_blocks_as_computed([2])
+    assert a._touched_blocks == set()
+    assert tracker_of(a, 0) == (True, -1, True)
+    assert tracker_of(a, 2) == (True, -1, False)  # mutable: never computed
+    assert tracker_of(a, 1) == IDLE and a.block_is_computed(1) is True
+    assert x.block_id == 0 and m.block_id == 2
+
+
+def test_get_common_computed_block_ids() -> None:
+    a = make(2, 2)
+    single = [4, 5, 6]
+    assert a.get_common_computed_block_ids([single]) is single
+    assert a.get_common_computed_block_ids([[1, 2, 3], [1, 2, 4], [1, 2]]) == [1, 2]
+    assert a.get_common_computed_block_ids([[1, 2, 3], [], [1, 2, 3]]) == [1, 2, 3]
+    assert a.get_common_computed_block_ids([[5], [6]]) == []
+    assert a.get_common_computed_block_ids([[], []]) == []
+    assert a.get_common_computed_block_ids([]) == []
+    result = a.get_common_computed_block_ids([[1, 2], [1, 2]])
+    assert isinstance(result, list) and result == [1, 2]
+
+
+# --------------------------------------------------------------------------
+# swapping
+
+
+def test_swap_out_and_back_in_hits_the_cache() -> None:
+    a = make(4, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    tail = a.allocate_mutable_block(chain[-1])
+    tail.append_token_ids([5])
+    blocks = chain + [tail]
+    a.swap_out(blocks)
+    assert [b.block_id for b in blocks] == [None, None, None]
+    assert snapshot(a)["evictor_evict_order"] == [1, 0]
+    assert snapshot(a)["free"] == [2, 3]
+    assert a.swap_in_demand(blocks) == 3
+    a.swap_in(blocks)
+    assert [b.block_id for b in blocks] == [0, 1, 2]
+    assert evictor_entries(a) == []
+    assert metric(a) == (4, 2)  # two misses at allocation, two hits at swap-in
+    assert [b.token_ids for b in blocks] == [[1, 2], [3, 4], [5]]
+    assert all(b._allocator is a for b in blocks)
+
+
+def test_swap_in_demand_counts_hits_in_use_as_free() -> None:
+    a = make(4, 2)
+    x = a.allocate_immutable_block(None, [1, 2])
+    twin = PrefixCachingBlock(None, [1, 2], 2, a)
+    loose = PrefixCachingBlock(None, [9], 2, a)
+    assert a.swap_in_demand([twin, loose]) == 1
+    a.swap_in([twin, loose])
+    assert (twin.block_id, loose.block_id) == (0, 1)
+    assert x.block_id == 0 and snapshot(a)["refcounts"][0] == 2
+
+
+def test_swap_in_that_cannot_fit_changes_nothing() -> None:
+    a = make(3, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    a.swap_out(chain)
+    fill = [a.allocate_mutable_block(None) for _ in range(2)]  # evicts 1, takes 2
+    assert [b.block_id for b in fill] == [2, 1]
+    expect_rejected(a, NoFree, lambda: a.swap_in(chain), blocks=chain)
+    assert metric(a) == (2, 0)
+    a.swap_in(chain[:1])  # the first block is still cached and evictable: a hit
+    assert chain[0].block_id == 0 and metric(a) == (3, 1)
+
+
+def test_swap_errors_change_nothing() -> None:
+    a = make(4, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    loose = a.allocate_mutable_block(None)
+    a.swap_out([loose])
+    expect_rejected(a, err.InvalidArgumentError, lambda: a.swap_in([loose, b]),
+                    blocks=[loose, b])
+    naive_block = NaiveBlock(None, [1], 2, MagicMock())
+    expect_rejected(a, err.WrongTypeError, lambda: a.swap_in([naive_block]))
+    expect_rejected(a, err.CallerError, lambda: a.swap_out([b, b]), blocks=[b])
+    forged = PrefixCachingBlock(None, [1, 2], 2, a, block_id=0)  # claims b's only reference
+    expect_rejected(a, err.RefCountError, lambda: a.swap_out([b, forged]), blocks=[b])
+    expect_rejected(a, err.DetachedBlockError, lambda: a.swap_out([loose]))
+
+
+@pytest.mark.parametrize("tokens", [[1, 2], [3]], ids=["hashed", "mutable"])
+def test_swap_in_of_the_same_block_twice_is_refused(tokens: List[int]) -> None:
+    a = make(4, 2)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids(tokens)
+    a.swap_out([b])
+    expect_rejected(a, err.CallerError, lambda: a.swap_in([b, b]), blocks=[b])
+
+
+def test_swap_out_of_one_block_object_twice_is_refused_even_when_its_id_is_shared() -> None:
+    a = make(4, 2)
+    b = a.allocate_immutable_block(None, [1, 2])
+    (f,) = a.fork(b)
+    expect_rejected(a, err.CallerError, lambda: a.swap_out([b, b]), blocks=[b, f])
+
+
+# --------------------------------------------------------------------------
+# reset and hit rate
+
+
+def test_reset_refuses_while_an_id_is_in_use() -> None:
+    a = make(3, 2)
+    x = a.allocate_immutable_block(None, [1, 2])
+    y = a.allocate_immutable_block(None, [3, 4])
+    a.free(y)
+    before = snapshot(a, [x])
+    assert a.reset_prefix_cache() is False
+    assert snapshot(a, [x]) == before
+
+
+def test_reset_frees_every_evictable_id() -> None:
+    a = make(5, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6]])
+    m = a.allocate_mutable_block(None)
+    hit = a.allocate_immutable_block(None, [1, 2])
+    a.free(m)
+    a.mark_blocks_as_accessed([0], 9.0)
+    old_evictor = a.evictor
+    for b in chain:
+        a.free(b)
+    a.free(hit)
+    assert metric(a) == (4, 1)
+    assert snapshot(a)["free"] == [3, 4]
+    # evict order: 2 (6 tokens), 1 (4 tokens), then 0 (accessed at 9.0)
+    assert snapshot(a)["evictor_evict_order"] == [2, 1, 0]
+    assert a.get_num_free_blocks() == 5
+    assert a.reset_prefix_cache() is True
+    s = snapshot(a)
+    assert s["free"] == [0, 1, 2, 3, 4]  # each evicted id pushed on the left
+    assert s["cached"] == [] and s["touched"] == set() and s["evictor_free_table"] == []
+    assert a.evictor is not old_evictor and a.evictor is not None
+    assert s["trackers"] == {i: IDLE for i in range(5)}
+    assert s["metric"] == {"num_completed_blocks": 0, "completed_block_cache_hit_rate": 0.0,
+                           "num_incompleted_block_queries": 0, "num_incompleted_block_hit": 0,
+                           "block_size": 1000}
+    assert a.get_prefix_cache_hit_rate() == 0.0
+    again = a.allocate_immutable_block(None, [1, 2])
+    assert (again.block_id, again.computed) == (0, False)
+    assert metric(a) == (1, 0)
+
+
+def test_hit_rate_over_the_1000_query_buckets() -> None:
+    a = make(1, 1)
+    a.free(a.allocate_immutable_block(None, [5]))  # 1 miss
+    for _ in range(999):
+        a.free(a.allocate_immutable_block(None, [5]))  # 999 hits, revived from the evictor
+    m = a.metric_data
+    assert (m.num_completed_blocks, m.completed_block_cache_hit_rate) == (1, 0.999)
+    assert metric(a) == (0, 0)
+    assert a.get_prefix_cache_hit_rate() == 0.999
+    b = a.allocate_immutable_block(None, [5])
+    assert a.get_prefix_cache_hit_rate() == (0.999 * 1 + 1.0 * (1 / 1000)) / (1 + 1 / 1000)
+    a.free(b)
+    a.allocate_mutable_block(None)  # evicts: not a query
+    assert metric(a) == (1, 1)
+    assert isinstance(a.metric_data, CacheMetricData)
+
+
+def test_swap_in_counts_as_queries() -> None:
+    a = make(3, 2)
+    full = a.allocate_immutable_block(None, [1, 2])
+    part = a.allocate_mutable_block(full)
+    part.append_token_ids([3])
+    a.swap_out([full, part])
+    a.reset_prefix_cache()
+    a.swap_in([full, part])  # the full block misses (the cache was reset); part is no query
+    assert metric(a) == (1, 0)
+    assert a.get_prefix_cache_hit_rate() == 0.0
+
+
+# --------------------------------------------------------------------------
+# tenant isolation through extra_hash
+
+
+def test_different_extra_hash_shares_nothing() -> None:
+    a = make(8, 2)
+    lists = [[1, 2], [3, 4]]
+    tenant_a = a.allocate_immutable_blocks(None, lists, extra_hash=101)
+    tenant_b = a.allocate_immutable_blocks(None, lists, extra_hash=202)
+    no_tenant = a.allocate_immutable_blocks(None, lists)
+    ids = [b.block_id for b in tenant_a + tenant_b + no_tenant]
+    assert ids == [0, 1, 2, 3, 4, 5]
+    assert metric(a) == (6, 0)
+    assert a.get_prefix_cache_hit_rate() == 0.0
+
+
+def test_same_extra_hash_shares_and_hits() -> None:
+    a = make(8, 2)
+    lists = [[1, 2], [3, 4]]
+    first = a.allocate_immutable_blocks(None, lists, extra_hash=101)
+    assert metric(a) == (2, 0)
+    second = a.allocate_immutable_blocks(None, lists, extra_hash=101)
+    assert [b.block_id for b in second] == [b.block_id for b in first] == [0, 1]
+    assert metric(a) == (4, 2)
+    assert a.get_prefix_cache_hit_rate() == 0.5
+
+
+# --------------------------------------------------------------------------
+# PrefixCachingBlock
+
+
+def test_block_properties_and_setters() -> None:
+    a = make(4, 3)
+    prev = PrefixCachingBlock(None, [1, 2, 3], 3, a)
+    tokens = [4]
+    b = PrefixCachingBlock(prev, tokens, 3, a, block_id=2, computed=True, extra_hash=8)
+    tokens.append(5)
+    assert b.token_ids == [4]
+    assert (b.block_id, b.block_size, b.num_empty_slots, b.is_full) == (2, 3, 2, False)
+    assert (b.prev_block, b.extra_hash, b.computed) == (prev, 8, True)
+    assert b.num_tokens_total == 4 and prev.num_tokens_total == 3
+    assert b.last_accessed == -1
+    b.last_accessed = 12.5
+    b.computed = False
+    b.block_id = 3
+    assert (b.last_accessed, b.computed, b.block_id) == (12.5, False, 3)
+    assert PrefixCachingBlock._none_hash == NONE_HASH
+
+
+def test_block_constructor_checks() -> None:
+    a = make(4, 2)
+    with pytest.raises(err.WrongTypeError):
+        PrefixCachingBlock(None, [], 2, NaiveBlockAllocator(NaiveBlock, 2, 2))
+    with pytest.raises(err.WrongTypeError):
+        PrefixCachingBlock(NaiveBlock(None, [], 2, a), [], 2, a)
+    with pytest.raises(err.BlockFullError):
+        PrefixCachingBlock(None, [1, 2, 3], 2, a)
+    with pytest.raises(AssertionError):
+        PrefixCachingBlock(None, [1, "2"], 2, a)
+
+
+def test_hash_block_tokens() -> None:
+    assert H(True, None, [1, 2]) == hash((True, NONE_HASH, 1, 2, None))
+    assert H(True, None, [1, 2], 5) == hash((True, NONE_HASH, 1, 2, 5))
+    assert H(False, 77, [3], None) == hash((False, 77, 3, None))
+    assert H(True, 77, [3]) == hash((True, 77, 3, None))  # only None is replaced
+    assert H(False, None, [3]) == hash((False, None, 3, None))
+
+
+def test_content_hash_rules() -> None:
+    a = make(8, 2)
+    first = PrefixCachingBlock(None, [1, 2], 2, a, extra_hash=4)
+    assert first.content_hash == H(True, None, [1, 2], 4) == builtin_hash(None, [1, 2], 4)
+    second = PrefixCachingBlock(first, [3, 4], 2, a, extra_hash=4)
+    assert second.content_hash == H(False, first.content_hash, [3, 4], 4)
+    not_full = PrefixCachingBlock(None, [1], 2, a)
+    assert not_full.content_hash is None
+    after_not_full = PrefixCachingBlock(not_full, [5, 6], 2, a)
+    assert after_not_full.is_full and after_not_full.content_hash is None
+    after_that = PrefixCachingBlock(after_not_full, [7, 8], 2, a)
+    assert after_that.content_hash is None
+
+
+def test_full_block_after_a_non_full_block_shares_with_nothing() -> None:
+    a = make(8, 2)
+    chains = []
+    for _ in range(2):
+        head = a.allocate_mutable_block(None)
+        head.append_token_ids([1])
+        tail = a.allocate_mutable_block(head)
+        tail.append_token_ids([2, 3])
+        chains.append((head, tail))
+    assert [(h.block_id, t.block_id) for h, t in chains] == [(0, 1), (2, 3)]
+    assert a._cached_blocks == {} and a._touched_blocks == set()
+    head, tail = chains[0]
+    expect_rejected(a, err.UnhashableBlockError,
+                    lambda: a.allocate_immutable_block(head, [2, 3]), blocks=[head, tail])
+    expect_rejected(a, err.BlockFullError, lambda: tail.append_token_ids([4]),
+                    blocks=[head, tail])
+
+
+def test_append_rules() -> None:
+    a = make(4, 2)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids([])
+    b.append_token_ids([1])
+    assert (b.token_ids, b.num_tokens_total) == ([1], 1)
+    expect_rejected(a, err.BlockFullError, lambda: b.append_token_ids([2, 3]), blocks=[b])
+    expect_rejected(a, err.WrongTypeError, lambda: b.append_token_ids([None]), blocks=[b])
+    b.append_token_ids([2])
+    expect_rejected(a, err.ImmutableBlockError, lambda: b.append_token_ids([3]), blocks=[b])
+    expect_rejected(a, err.ImmutableBlockError, lambda: b.append_token_ids([]), blocks=[b])
+    computed = a.allocate_mutable_block(None)
+    computed.computed = True
+    expect_rejected(a, err.ImmutableBlockError, lambda: computed.append_token_ids([1]),
+                    blocks=[computed])
+
+
+def test_detached_block_append_does_not_touch_the_allocator() -> None:
+    a = make(4, 2)
+    before = snapshot(a)
+    b = PrefixCachingBlock(None, [], 2, a)
+    b.append_token_ids([1, 2])
+    assert b.block_id is None and b.content_hash == H(True, None, [1, 2])
+    assert snapshot(a) == before
+
+
+def test_block_with_mocked_allocator_and_prev_block() -> None:
+    allocator = MagicMock(spec=PrefixCachingBlockAllocator)
+    first = PrefixCachingBlock(None, [1, 2, 3], 3, allocator)
+    assert first.content_hash == H(True, None, [1, 2, 3])
+    prev = MagicMock(spec=PrefixCachingBlock)
+    prev.content_hash = 1234
+    prev.num_tokens_total = 6
+    nth = PrefixCachingBlock(prev, [4, 5, 6], 3, allocator, extra_hash=2)
+    assert nth.content_hash == H(False, 1234, [4, 5, 6], 2)
+    assert nth.num_tokens_total == 9
+    sentinel_prev = MagicMock(spec=PrefixCachingBlock)
+    sentinel_prev.content_hash = NONE_HASH
+    sentinel_prev.num_tokens_total = 3
+    assert PrefixCachingBlock(sentinel_prev, [4, 5, 6], 3, allocator).content_hash is None
+    none_prev = MagicMock(spec=PrefixCachingBlock)
+    none_prev.content_hash = None
+    none_prev.num_tokens_total = 3
+    assert PrefixCachingBlock(none_prev, [4, 5, 6], 3, allocator).content_hash is None
+    # with an id, an append goes through the allocator's CoW, then promotion
+    allocator.cow_block_if_not_appendable.return_value = 5
+    allocator.promote_to_immutable_block.return_value = 9
+    block = PrefixCachingBlock(prev, [4], 3, allocator, block_id=5)
+    block.append_token_ids([5])
+    allocator.cow_block_if_not_appendable.assert_called_once_with(block)
+    allocator.promote_to_immutable_block.assert_not_called()
+    block.append_token_ids([6])
+    allocator.promote_to_immutable_block.assert_called_once_with(block)
+    assert block.block_id == 9 and block.num_tokens_total == 9
+
+
+def test_assert_prefix_caching_block_or_none() -> None:
+    a = make(2, 2)
+    assert_prefix_caching_block_or_none(None)
+    assert_prefix_caching_block_or_none(PrefixCachingBlock(None, [], 2, a))
+    assert_prefix_caching_block_or_none(MagicMock(spec=PrefixCachingBlock))
+    with pytest.raises(err.WrongTypeError):
+        assert_prefix_caching_block_or_none(NaiveBlock(None, [], 2, a))
+    with pytest.raises(AssertionError):
+        assert_prefix_caching_block_or_none("block")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# ComputedBlocksTracker and LastAccessBlocksTracker
+
+
+class FakeSeq:
+    """The three things the trackers read from a vLLM Sequence."""
+
+    def __init__(self, seq_id: int, tokens: List[int], extra: Optional[int] = None,
+                 prefill: bool = True) -> None:
+        self.seq_id = seq_id
+        self.tokens = tokens
+        self.extra = extra
+        self.prefill = prefill
+
+    def get_token_ids(self) -> List[int]:
+        return self.tokens
+
+    def extra_hash(self) -> Optional[int]:
+        return self.extra
+
+    def is_prefill(self) -> bool:
+        return self.prefill
+
+
+def test_computed_blocks_tracker() -> None:
+    allocator = CpuGpuBlockAllocator.create("prefix_caching", 8, 2, 2)
+    tracker = ComputedBlocksTracker(allocator, 2, True)
+    seq = FakeSeq(1, [1, 2, 3, 4, 5])
+    h1, h2 = H(True, None, [1, 2]), H(False, H(True, None, [1, 2]), [3, 4])
+    assert tracker.get_num_cached_tokens(seq) == 0
+    assert tracker._seq_id_to_blocks_hashes[1] == [h1, h2]
+    assert tracker._seq_id_to_num_tokens_computed[1] == 0
+    allocator.allocate_immutable_blocks(None, [[1, 2], [3, 4]], Device.GPU)
+    other = FakeSeq(2, [1, 2, 3, 4, 5, 6])
+    assert tracker.get_num_cached_tokens(other) == 0  # promoted, not computed yet
+    allocator.mark_blocks_as_computed([])
+    other.prefill = False
+    assert tracker.get_num_cached_tokens(other) == 4
+    # sticky during prefill: seq 1 keeps its first answer
+    assert tracker.get_num_cached_tokens(seq) == 0
+    seq.prefill = False
+    assert tracker.get_num_cached_tokens(seq) == 4
+    seq.tokens = seq.tokens + [6, 7, 8]
+    assert tracker.get_num_cached_tokens(seq) == 4
+    assert len(tracker._seq_id_to_blocks_hashes[1]) == 4
+    tenant = FakeSeq(3, [1, 2, 3, 4], extra=9, prefill=False)
+    assert tracker.get_num_cached_tokens(tenant) == 0
+    assert tracker._seq_id_to_blocks_hashes[3][0] == H(True, None, [1, 2], 9)
+    tracker.remove_seq(1)
+    assert 1 not in tracker._seq_id_to_blocks_hashes
+    assert 1 not in tracker._seq_id_to_num_tokens_computed
+
+
+def test_computed_blocks_tracker_errors() -> None:
+    allocator = CpuGpuBlockAllocator.create("prefix_caching", 4, 0, 2)
+    tracker = ComputedBlocksTracker(allocator, 2, True)
+    seq = FakeSeq(1, [1, 2, 3, 4])
+    tracker.get_num_cached_tokens(seq)
+    seq.tokens = [1, 2, 3]
+    with pytest.raises(err.InvalidArgumentError):
+        tracker.get_num_cached_tokens(seq)
+    assert len(tracker._seq_id_to_blocks_hashes[1]) == 2
+    with pytest.raises(err.UnknownBlockIdError):
+        tracker.remove_seq(5)
+    with pytest.raises(AssertionError):
+        tracker.remove_seq(5)
+    tracker.remove_seq(1)
+    with pytest.raises(err.UnknownBlockIdError):
+        tracker.remove_seq(1)
+
+
+def test_computed_blocks_tracker_disabled() -> None:
+    allocator = CpuGpuBlockAllocator.create("naive", 4, 0, 2)
+    tracker = ComputedBlocksTracker(allocator, 2, False)
+    assert tracker.get_num_cached_tokens(FakeSeq(1, [1, 2, 3])) == 0
+    tracker.remove_seq(1)
+    assert tracker._seq_id_to_blocks_hashes == {}
+
+
+def test_computed_blocks_tracker_with_a_naive_allocator_hashes_like_vllm() -> None:
+    allocator = CpuGpuBlockAllocator.create("naive", 4, 0, 2)
+    tracker = ComputedBlocksTracker(allocator, 2, True)
+    assert tracker.get_num_cached_tokens(FakeSeq(1, [1, 2])) == 0
+    assert tracker._seq_id_to_blocks_hashes[1] == [H(True, None, [1, 2])]
+
+
+def test_last_access_blocks_tracker() -> None:
+    allocator = MagicMock()
+    tracker = LastAccessBlocksTracker(allocator)
+    tracker.add_seq(1)
+    tracker.update_seq_blocks_last_access(1, [0, 1])
+    allocator.mark_blocks_as_accessed.assert_not_called()
+    tracker.update_last_access(1, 5.0)
+    tracker.update_seq_blocks_last_access(1, [0, 1])
+    allocator.mark_blocks_as_accessed.assert_called_once_with([0, 1], 5.0)
+    with pytest.raises(err.InvalidArgumentError):
+        tracker.add_seq(1)
+    tracker.remove_seq(1)
+    for call in (lambda: tracker.remove_seq(1), lambda: tracker.update_last_access(1, 2.0),
+                 lambda: tracker.update_seq_blocks_last_access(1, [0])):
+        with pytest.raises(err.UnknownBlockIdError):
+            call()
+        with pytest.raises(AssertionError):
+            call()
+    tracker.add_seq(1)
+    tracker.update_seq_blocks_last_access(1, [3])
+    assert allocator.mark_blocks_as_accessed.call_count == 1
+
+
+def test_last_access_blocks_tracker_feeds_the_evictor() -> None:
+    allocator = CpuGpuBlockAllocator.create("prefix_caching", 4, 0, 2)
+    gpu = allocator._allocators[Device.GPU]
+    tracker = LastAccessBlocksTracker(allocator)
+    tracker.add_seq(7)
+    chain = allocator.allocate_immutable_blocks(None, [[1, 2], [3, 4]], Device.GPU)
+    tracker.update_last_access(7, 11.0)
+    tracker.update_seq_blocks_last_access(7, [b.block_id for b in chain])
+    for b in chain:
+        allocator.free(b)
+    assert [e[3] for e in evictor_entries(gpu)] == [11.0, 11.0]
+    assert snapshot(gpu)["evictor_evict_order"] == [1, 0]
+
+
+# --------------------------------------------------------------------------
+# property: whatever the sequence of calls, the free count is exact and the
+# next id handed out is the first free id, else the first in eviction order
+
+_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("imm"), st.integers(0, 3), st.integers(0, 1)),
+        st.tuples(st.just("mut")),
+        st.tuples(st.just("free"), st.integers(0, 20)),
+        st.tuples(st.just("touch"), st.integers(0, 20), st.integers(0, 5)),
+        st.tuples(st.just("computed")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(_steps)
+def test_next_id_and_free_count_stay_exact(steps: list) -> None:
+    a = make(4, 1)
+    live: List[Block] = []
+    for step in steps:
+        kind = step[0]
+        predicted = next_id(a)
+        if kind == "imm":
+            tokens = [step[1]]
+            prev = live[-1] if step[2] and live and live[-1].content_hash is not None else None
+            parent = None if prev is None else prev.content_hash
+            content_hash = a.content_hash_function(parent, tokens, None)
+            cached_id = a._cached_blocks.get(content_hash)
+            if cached_id is None and a.get_num_free_blocks() == 0:
+                expect_rejected(a, NoFree,
+                                lambda p=prev, t=tokens: a.allocate_immutable_block(p, t))
+                continue
+            block = a.allocate_immutable_block(prev, tokens)
+            assert block.block_id == (predicted if cached_id is None else cached_id)
+            assert block.computed is (cached_id is not None)
+            live.append(block)
+        elif kind == "mut":
+            if a.get_num_free_blocks() == 0:
+                expect_rejected(a, NoFree, lambda: a.allocate_mutable_block(None))
+                continue
+            block = a.allocate_mutable_block(None)
+            assert block.block_id == predicted
+            live.append(block)
+        elif kind == "free" and live:
+            a.free(live.pop(step[1] % len(live)))
+        elif kind == "touch" and live:
+            a.mark_blocks_as_accessed([live[step[1] % len(live)].block_id], float(step[2]))
+        elif kind == "computed":
+            a.mark_blocks_as_computed([])
+        counts = {i: 0 for i in range(4)}
+        for b in live:
+            counts[b.block_id] += 1  # type: ignore[index]
+        assert snapshot(a)["refcounts"] == counts
+        assert a.get_num_free_blocks() == sum(1 for c in counts.values() if c == 0)
+    check_still_works(a)
+
+
+def test_free_of_a_hand_made_swapped_in_block_is_all_or_nothing() -> None:
+    # a Block built by its constructor (not taken from the pool) and given an
+    # id by swap_in: freeing it either works or changes nothing
+    a = make(3, 2)
+    b = PrefixCachingBlock(None, [1, 2], 2, a)
+    a.swap_in([b])
+    assert b.block_id == 0
+    before = snapshot(a, [b])
+    try:
+        a.free(b)
+    except err.CallerError:
+        assert snapshot(a, [b]) == before
+    else:
+        assert b.block_id is None
+        assert evictor_entries(a) == [(0, H(True, None, [1, 2]), 2, -1)]
+        assert snapshot(a)["refcounts"] == {0: 0, 1: 0, 2: 0}
