@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -110,6 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Outcome:
     """Run one worker's campaign; return what it found."""
+    logging.getLogger("prefixcache").setLevel(logging.ERROR)  # refused resets are expected
     target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed)
     stats = Stats()
     machine = make_machine(target, mistakes=not args.no_mistakes,

@@ -100,11 +100,19 @@ class Driver:
         self._before: Optional[Dict[str, AbstractState]] = None
         self._counter = 0
         self.refused: Optional[str] = None
+        self._model_states: Optional[Dict[str, AbstractState]] = None
+        self._previous_model_states: Optional[Dict[str, AbstractState]] = None
+        self.step_events: List[str] = []
         self._foreign: Optional[Tuple[Any, Any]] = None
         if self._white:
             self._before = self._target_states()
 
     # -- helpers -------------------------------------------------------------
+
+    def _event(self, label: str) -> None:
+        """Count a coverage label for this step."""
+        self.events[label] += 1
+        self.step_events.append(label)
 
     def _step_no(self) -> int:
         return len(self.trace.steps) - 1
@@ -251,7 +259,10 @@ class Driver:
         target's result.  Raises Violation."""
         self.trace.steps.append(step)
         self.refused = None
-        self.events[f"op:{step.op}"] += 1
+        self.step_events = []
+        self._previous_model_states = self._model_states
+        self._model_states = None
+        self._event(f"op:{step.op}")
         t_args = self._args(step, "target")
         m_args = self._args(step, "model")
         t_exc: Optional[BaseException] = None
@@ -293,7 +304,7 @@ class Driver:
         self.refused = expected.__name__
         mistake = isinstance(m_exc, err.CallerError)
         category = "robustness" if mistake else "conformance"
-        self.events["caller-mistake" if mistake else f"refused:{expected.__name__}"] += 1
+        self._event("caller-mistake" if mistake else f"refused:{expected.__name__}")
         if t_exc is None:
             raise self._fail(category, f"{step.op}: the spec raises {expected.__name__} "
                              f"({m_exc}), the target accepted the call")
@@ -357,9 +368,16 @@ class Driver:
                 if content_hash is not None:
                     self.hashes[name] = content_hash
 
+    def model_states(self) -> Dict[str, AbstractState]:
+        """The model's abstract state per device ("" for one device), read
+        once per step."""
+        if self._model_states is None:
+            self._model_states = {label: model.state()
+                                  for label, model in self._sub_models().items()}
+        return self._model_states
+
     def _model_content(self, block_id: int) -> Optional[ContentKey]:
-        for model in self._sub_models().values():
-            state = model.state()
+        for state in self.model_states().values():
             if block_id in state.blocks:
                 return state.blocks[block_id].content
         return None
@@ -415,7 +433,7 @@ class Driver:
         if self.ledger.collisions or self.ledger.conflicts:
             raise self._fail("integrity", "; ".join(self.ledger.anomalies()))
         states = self._target_states()
-        models = self._sub_models()
+        models = self.model_states()
         live = self._live_target_blocks()
         for label, state in states.items():
             owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
@@ -430,28 +448,68 @@ class Driver:
                 if diff:
                     raise self._fail("robustness", f"{step.op} was refused but changed the "
                                      f"state: {diff}")
-            diff = _first_difference(state, models[label].state(),
+            diff = _first_difference(state, models[label],
                                      ordered_free=self.target.strict)
             if diff:
                 raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)")
         self._before = states
 
     def _note_events(self) -> None:
-        for label, model in self._sub_models().items():
-            state = model.state()
+        before = self._previous_model_states or {}
+        for label, state in self.model_states().items():
             prefix = f"{label.lower()}:" if label else ""
+            if label in before:
+                for transition in _transitions(before[label], state):
+                    self._event(f"{prefix}transition:{transition}")
             if state.evictor:
-                self.events[f"{prefix}state:evictable-blocks"] += 1
+                self._event(f"{prefix}state:evictable-blocks")
             if state.reported_free == 0:
-                self.events[f"{prefix}state:pool-full"] += 1
+                self._event(f"{prefix}state:pool-full")
             if state.copy_on_writes:
-                self.events[f"{prefix}state:pending-copy-on-write"] += 1
+                self._event(f"{prefix}state:pending-copy-on-write")
             if state.touched:
-                self.events[f"{prefix}state:touched-not-computed"] += 1
+                self._event(f"{prefix}state:touched-not-computed")
             if any(b.refcount > 1 for b in state.blocks.values()):
-                self.events[f"{prefix}state:shared-block"] += 1
+                self._event(f"{prefix}state:shared-block")
             if state.hits:
-                self.events[f"{prefix}state:cache-hit-seen"] += 1
+                self._event(f"{prefix}state:cache-hit-seen")
+
+
+def _transitions(old: AbstractState, new: AbstractState) -> List[str]:
+    """The spec-level transitions one step made, read from two model states."""
+    found = []
+    if new.hits > old.hits:
+        found.append("cache-hit")
+    if new.misses > old.misses:
+        found.append("cache-miss")
+    if len(new.copy_on_writes) > len(old.copy_on_writes):
+        found.append("copy-on-write")
+    if new.touched - old.touched:
+        found.append("promotion")
+    old_evictable = {e.block_id: e.content for e in old.evictor}
+    new_evictable = {e.block_id for e in new.evictor}
+    for block_id, content in old_evictable.items():
+        if block_id in new_evictable:
+            continue
+        now = new.blocks.get(block_id)
+        if now is not None and now.content == content:
+            found.append("evictable-revived")
+        elif now is not None or block_id in new.free:
+            found.append("eviction" if new.cached or now is not None else "reset-frees")
+    if new_evictable - set(old_evictable):
+        found.append("became-evictable")
+    if [e.block_id for e in new.evictor] != [e.block_id for e in old.evictor if
+                                             e.block_id in new_evictable] and \
+            set(old_evictable) == new_evictable:
+        found.append("evictor-reordered")
+    released = [i for i in old.blocks if old.blocks[i].content is None and i in new.free]
+    shared = [i for i, b in new.blocks.items()
+              if b.content is not None and i in old.blocks and b.refcount > old.blocks[i].refcount]
+    if released and shared and new.hits == old.hits:
+        found.append("duplicate-promotion")
+    elif released:
+        found.append("mutable-id-freed")
+    return sorted(set(found))
 
 
 def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool) -> str:

@@ -1,0 +1,512 @@
+"""``prefixcache bench``: time an allocator on a realistic serving workload.
+
+The workload (:mod:`prefixcache.oracle.workload`) is generated once per pool
+size, planned on prefixcache.impl, compiled into a flat program of allocator
+calls (:mod:`prefixcache.oracle.benchdriver`) and replayed on each target:
+
+* throughput: the whole program, best of ``--repeats`` replays, each on a
+  fresh allocator (construction not timed), without per-call timing; the
+  garbage collector runs but the objects alive before the replay are frozen
+  (``gc.freeze``), so a large pool does not make collections slower;
+* latency: one more replay timing every call with ``perf_counter_ns``; the
+  median cost of reading the clock twice is subtracted from each sample;
+* the hit rate (``get_prefix_cache_hit_rate()`` at the end), and the
+  fingerprint: SHA-256 of every id the target handed out, in order.  A
+  target's answers to the scheduler's queries must equal the planned ones,
+  or the program would not be the one a scheduler would have issued to it
+  (reported as "diverged").
+
+``--against MODULE:CLASS`` times a second target in the same run,
+interleaved with the first (``--against vllm``: vLLM 0.8.5's own allocator,
+obtained by ``bench/vllm_reference.py`` of a source checkout).
+``--scaling`` prints the per-call cost for pool sizes from 1,000 to
+1,000,000 blocks on one and the same program.
+
+A benchmark is not a test: nothing here asserts a timing.  Exit code 0,
+1 when a target raised or diverged, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any, Dict, List, Optional, Sequence
+
+from .benchdriver import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
+from .targets import Target, TargetError, resolve_target
+from .workload import WorkloadConfig
+
+VLLM = "vllm"
+DEFAULT_SCALING_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+
+
+# -- results ------------------------------------------------------------------------
+
+
+@dataclass
+class KindLatency:
+    """Latency of one kind of call, in nanoseconds (timer overhead removed)."""
+
+    count: int
+    p50_ns: int
+    p99_ns: int
+
+
+@dataclass
+class RunResult:
+    """One target on one pool."""
+
+    target: str
+    pool: str
+    num_blocks: int
+    calls: int
+    seconds: float = 0.0
+    seconds_all: List[float] = field(default_factory=list)
+    calls_per_s: float = 0.0
+    ns_per_call: float = 0.0
+    hit_rate: float = 0.0
+    fingerprint: str = ""
+    answers_match: bool = True
+    latency: Dict[str, KindLatency] = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+@dataclass
+class PoolReport:
+    """One pool size: the workload's statistics and each target's result."""
+
+    pool: str
+    config: Dict[str, Any]
+    workload: Dict[str, Any]
+    calls: int
+    calls_by_name: Dict[str, int]
+    results: List[RunResult]
+    ratio: Optional[float] = None
+    fingerprints_identical: Optional[bool] = None
+
+
+@dataclass
+class ScalingRow:
+    """The target's per-call cost on one pool size."""
+
+    num_blocks: int
+    prefilled: int
+    calls_per_s: float
+    ns_per_call: float
+    relative: float
+    fingerprint: str
+    error: Optional[str] = None
+
+
+# -- targets ---------------------------------------------------------------------------
+
+
+def _vllm_reference_module(path: Optional[str] = None) -> Any:
+    """Import bench/vllm_reference.py of the source checkout."""
+    candidates = [Path(path)] if path else []
+    here = Path(__file__).resolve()
+    candidates += [parent / "bench" / "vllm_reference.py" for parent in here.parents]
+    for candidate in candidates:
+        if candidate.is_file():
+            spec = importlib.util.spec_from_file_location("prefixcache_vllm_reference", candidate)
+            if spec is None or spec.loader is None:
+                continue
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            return module
+    raise TargetError("--against vllm needs bench/vllm_reference.py from a source checkout "
+                      "of prefixcache")
+
+
+def vllm_target(cache_dir: Optional[str] = None) -> Target:
+    """vLLM 0.8.5's PrefixCachingBlockAllocator as a target."""
+    reference = _vllm_reference_module()
+    try:
+        modules = reference.load_vllm(cache_dir)
+    except Exception as exc:  # VllmReferenceError and whatever obtaining it raised
+        raise TargetError(f"cannot load vLLM 0.8.5: {exc}") from exc
+    cls = modules.prefix_caching_block.PrefixCachingBlockAllocator
+    return Target(name="vllm-0.8.5:PrefixCachingBlockAllocator", kind="prefix",
+                  build=lambda n, size: cls(num_blocks=n, block_size=size))
+
+
+def load_target(name: Optional[str], vllm_cache: Optional[str] = None) -> Target:
+    """The target ``name`` names (``vllm``, ``MODULE:CLASS`` or None for
+    prefixcache.impl).  Raises TargetError."""
+    if name == VLLM:
+        return vllm_target(vllm_cache)
+    target = resolve_target(name)
+    if target.kind != "prefix":
+        raise TargetError(f"bench times prefix-caching allocators with vLLM's single-device "
+                          f"API; {target.name} looks like a {target.kind!r} allocator")
+    return target
+
+
+# -- measuring -----------------------------------------------------------------------
+
+
+def _replay_once(target: Target, program_plan: Plan, num_blocks: int,
+                 prefill: int = 0) -> tuple[int, Machine]:
+    """Replay the whole program on a fresh allocator; return (ns, machine)."""
+    program = program_plan.program
+    block_size = program_plan.workload.config.block_size
+    allocator = target.make(num_blocks, block_size)
+    if prefill:
+        fill_cache(allocator, prefill, block_size)
+    machine = Machine(allocator, program.num_seqs)
+    gc.collect()
+    gc.freeze()
+    try:
+        start = perf_counter_ns()
+        machine.run(program.instructions)
+        elapsed = perf_counter_ns() - start
+    finally:
+        gc.unfreeze()
+    return elapsed, machine
+
+
+def fill_cache(allocator: Any, count: int, block_size: int, chain: int = 64) -> None:
+    """Put ``count`` cached, evictable blocks in ``allocator`` (chains of
+    distinct content, allocated then freed) without changing its free count."""
+    first = 0
+    done = 0
+    while done < count:
+        length = min(chain, count - done)
+        tokens = [[-1 - first] + [0] * (block_size - 1)] + [[0] * block_size] * (length - 1)
+        blocks = allocator.allocate_immutable_blocks(None, tokens)
+        for block in blocks:
+            allocator.free(block)
+        first += 1
+        done += length
+
+
+def measure(targets: Sequence[Target], program_plan: Plan, pool: str, num_blocks: int,
+            repeats: int, latency: bool, progress: Any = None) -> List[RunResult]:
+    """Time each target on the program (repeats interleaved across targets)."""
+    program = program_plan.program
+    results = [RunResult(target=t.name, pool=pool, num_blocks=num_blocks, calls=program.calls)
+               for t in targets]
+    for _ in range(max(1, repeats)):
+        for target, result in zip(targets, results):
+            if result.error is not None:
+                continue
+            if progress is not None:
+                progress(f"{pool}: {target.name}")
+            try:
+                elapsed, machine = _replay_once(target, program_plan, num_blocks)
+            except ReplayError as exc:
+                result.error = str(exc)
+                continue
+            result.seconds_all.append(elapsed / 1e9)
+            fingerprint = machine.fingerprint()
+            if result.fingerprint and result.fingerprint != fingerprint:
+                result.error = "the ids differ between two replays of the same program"
+            result.fingerprint = fingerprint
+            result.answers_match = machine.answers == program.expected
+            result.hit_rate = float(machine.allocator.get_prefix_cache_hit_rate())
+            del machine
+    for result in results:
+        if result.seconds_all and result.calls:
+            result.seconds = min(result.seconds_all)
+            result.calls_per_s = result.calls / result.seconds
+            result.ns_per_call = result.seconds * 1e9 / result.calls
+    if latency:
+        overhead = timer_overhead_ns()
+        for target, result in zip(targets, results):
+            if result.error is not None:
+                continue
+            if progress is not None:
+                progress(f"{pool}: {target.name} (latency)")
+            allocator = target.make(num_blocks, program_plan.workload.config.block_size)
+            machine = Machine(allocator, program.num_seqs)
+            gc.collect()
+            gc.freeze()
+            try:
+                samples = machine.run_timed(program.instructions)
+            except ReplayError as exc:
+                result.error = str(exc)
+                continue
+            finally:
+                gc.unfreeze()
+            for name, values in sorted(samples.items()):
+                values.sort()
+                result.latency[name] = KindLatency(
+                    count=len(values),
+                    p50_ns=max(0, percentile(values, 0.50) - overhead),
+                    p99_ns=max(0, percentile(values, 0.99) - overhead),
+                )
+    return results
+
+
+def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: float,
+            repeats: int, progress: Any = None) -> List[ScalingRow]:
+    """The target's per-call cost on each pool size, all running the program
+    planned for the smallest size (which is valid for every larger pool);
+    ``fill`` of each pool is made cached and evictable first."""
+    sizes = sorted(sizes)
+    small = WorkloadConfig(**{**asdict(config), "num_blocks": sizes[0]})
+    program_plan = plan(small)
+    rows: List[ScalingRow] = []
+    base: Optional[float] = None
+    for size in sizes:
+        prefilled = int(size * fill)
+        best: Optional[int] = None
+        fingerprint = ""
+        error = None
+        for _ in range(max(1, repeats)):
+            if progress is not None:
+                progress(f"scaling: {size:,} blocks")
+            try:
+                elapsed, machine = _replay_once(target, program_plan, size, prefilled)
+            except ReplayError as exc:
+                error = str(exc)
+                break
+            fingerprint = machine.fingerprint()
+            del machine
+            best = elapsed if best is None else min(best, elapsed)
+            gc.collect()
+        if best is None:
+            rows.append(ScalingRow(size, prefilled, 0.0, 0.0, 0.0, "", error))
+            continue
+        ns_per_call = best / program_plan.program.calls
+        if base is None:
+            base = ns_per_call
+        rows.append(ScalingRow(size, prefilled, program_plan.program.calls * 1e9 / best,
+                               ns_per_call, ns_per_call / base, fingerprint, error))
+    return rows
+
+
+# -- output -----------------------------------------------------------------------------
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=max(console.width, 150))
+    return console
+
+
+def _short(fingerprint: str) -> str:
+    return fingerprint[:16] if fingerprint else "-"
+
+
+def print_pool(console: Any, report: PoolReport) -> None:
+    """The throughput table of one pool, then its latency table."""
+    from rich.table import Table
+
+    stats = report.workload
+    title = (f"{report.pool} pool: {report.config['num_blocks']:,} blocks of "
+             f"{report.config['block_size']}, {report.config['max_running']} running, "
+             f"{stats['turns']} requests, {stats['steps']:,} steps, "
+             f"{stats['recompute_preemptions'] + stats['swap_preemptions']} preemptions")
+    table = Table(title=title, title_justify="left")
+    for column in ("#", "target", "calls", "best s", "calls/s", "ns/call", "hit rate",
+                   "fingerprint", "answers"):
+        table.add_column(column, justify="left" if column in ("target", "fingerprint")
+                         else "right")
+    for number, result in enumerate(report.results, 1):
+        if result.error is not None and not result.seconds_all:
+            table.add_row(str(number), result.target, f"{result.calls:,}", "-", "-", "-", "-",
+                          "-", f"[red]{result.error}[/red]")
+            continue
+        table.add_row(
+            str(number), result.target, f"{result.calls:,}", f"{result.seconds:.3f}",
+            f"{result.calls_per_s:,.0f}", f"{result.ns_per_call:,.0f}",
+            f"{result.hit_rate:.4f}", _short(result.fingerprint),
+            "ok" if result.answers_match else "[red]diverged[/red]",
+        )
+    console.print(table)
+    if report.ratio is not None:
+        same = "identical" if report.fingerprints_identical else "[red]DIFFERENT[/red]"
+        console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s; "
+                      f"id fingerprints {same}")
+    for result in report.results:
+        if result.error is not None:
+            console.print(f"  [red]{result.target}: {result.error}[/red]")
+    if any(result.latency for result in report.results):
+        latency = Table(title=f"{report.pool} pool: latency per call (ns, timer overhead "
+                              f"removed)", title_justify="left")
+        latency.add_column("call")
+        latency.add_column("count", justify="right")
+        for number, _ in enumerate(report.results, 1):
+            latency.add_column(f"p50 #{number}", justify="right")
+            latency.add_column(f"p99 #{number}", justify="right")
+        names = sorted({name for r in report.results for name in r.latency},
+                       key=lambda n: -report.calls_by_name.get(n, 0))
+        for name in names:
+            row = [name, f"{report.calls_by_name.get(name, 0):,}"]
+            for result in report.results:
+                kind = result.latency.get(name)
+                row += [f"{kind.p50_ns:,}", f"{kind.p99_ns:,}"] if kind else ["-", "-"]
+            latency.add_row(*row)
+        console.print(latency)
+
+
+def print_scaling(console: Any, target: str, rows: Sequence[ScalingRow], fill: float) -> None:
+    """The flat-cost table."""
+    from rich.table import Table
+
+    table = Table(title=f"flat cost: {target}, one program on every pool size, "
+                        f"{fill:.0%} of each pool cached and evictable first",
+                  title_justify="left")
+    for column in ("blocks", "prefilled", "calls/s", "ns/call", "x smallest", "fingerprint"):
+        table.add_column(column, justify="left" if column == "fingerprint" else "right")
+    for row in rows:
+        if row.error:
+            table.add_row(f"{row.num_blocks:,}", f"{row.prefilled:,}", "-", "-", "-",
+                          f"[red]{row.error}[/red]")
+            continue
+        table.add_row(f"{row.num_blocks:,}", f"{row.prefilled:,}", f"{row.calls_per_s:,.0f}",
+                      f"{row.ns_per_call:,.0f}", f"{row.relative:.2f}", _short(row.fingerprint))
+    console.print(table)
+
+
+# -- the verb -------------------------------------------------------------------------------
+
+
+def _sizes(text: str) -> List[int]:
+    try:
+        sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated ints, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("pool sizes must be >= 1")
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``prefixcache bench``."""
+    parser.add_argument("--target", default=None, metavar="MODULE:CLASS",
+                        help="the allocator to time (default: prefixcache.impl's "
+                             "PrefixCachingBlockAllocator)")
+    parser.add_argument("--against", default=None, metavar="MODULE:CLASS",
+                        help="a second allocator timed in the same run ('vllm': vLLM 0.8.5)")
+    parser.add_argument("--blocks", type=int, default=1024,
+                        help="blocks of the roomy pool (default 1024)")
+    parser.add_argument("--tight-blocks", type=int, default=256,
+                        help="blocks of the tight pool, where preemption happens "
+                             "(default 256; 0 skips it)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per block (16)")
+    parser.add_argument("--running", type=int, default=12,
+                        help="most sequences running at once (12)")
+    parser.add_argument("--requests", type=int, default=400,
+                        help="requests (conversation turns) in the workload (400)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed replays per target; the best counts (3)")
+    parser.add_argument("--no-latency", action="store_true",
+                        help="skip the per-call latency replay")
+    parser.add_argument("--scaling", action="store_true",
+                        help="also print the per-call cost from 1,000 to 1,000,000 blocks")
+    parser.add_argument("--scaling-sizes", type=_sizes, default=list(DEFAULT_SCALING_SIZES),
+                        metavar="N,N,...", help="pool sizes of --scaling")
+    parser.add_argument("--scaling-fill", type=float, default=0.5,
+                        help="fraction of each --scaling pool made cached and evictable "
+                             "before timing (0.5)")
+    parser.add_argument("--vllm-cache", default=None, metavar="DIR",
+                        help="cache directory of the vLLM 0.8.5 wheel (for --against vllm)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write every figure as JSON to PATH")
+
+
+def _config(args: argparse.Namespace, num_blocks: int) -> WorkloadConfig:
+    return WorkloadConfig(num_blocks=num_blocks, block_size=args.block_size,
+                          max_running=args.running, num_requests=args.requests,
+                          seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark the options describe; print it; 0, 1 or 2."""
+    console = _console()
+    try:
+        targets = [load_target(args.target)]
+        if args.against:
+            targets.append(load_target(args.against, args.vllm_cache))
+        pools = [("roomy", args.blocks)]
+        if args.tight_blocks:
+            pools.append(("tight", args.tight_blocks))
+        configs = [(name, _config(args, blocks)) for name, blocks in pools]
+        for _, config in configs:
+            config.validate()
+        if args.repeats < 1:
+            raise ValueError("--repeats must be >= 1")
+        if not 0.0 <= args.scaling_fill < 1.0:
+            raise ValueError("--scaling-fill must be in [0, 1)")
+    except (TargetError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+    status = console.status("planning")
+    progress = status.update if console.is_terminal else None
+    reports: List[PoolReport] = []
+    rows: List[ScalingRow] = []
+    started = time.time()
+    with status if console.is_terminal else _nothing():
+        for name, config in configs:
+            if progress is not None:
+                progress(f"{name}: planning the workload")
+            program_plan = plan(config)
+            results = measure(targets, program_plan, name, config.num_blocks, args.repeats,
+                              not args.no_latency, progress)
+            report = PoolReport(
+                pool=name, config=asdict(config), workload=asdict(program_plan.workload.stats),
+                calls=program_plan.program.calls,
+                calls_by_name=dict(program_plan.program.calls_by_name), results=results)
+            if len(results) == 2 and results[0].calls_per_s and results[1].calls_per_s:
+                report.ratio = results[0].calls_per_s / results[1].calls_per_s
+                report.fingerprints_identical = results[0].fingerprint == results[1].fingerprint
+            reports.append(report)
+            print_pool(console, report)
+        if args.scaling:
+            rows = scaling(targets[0], configs[0][1], args.scaling_sizes, args.scaling_fill,
+                           args.repeats, progress)
+            print_scaling(console, targets[0].name, rows, args.scaling_fill)
+    if args.json:
+        document = {
+            "format": "prefixcache-bench/1",
+            "command": " ".join(["prefixcache", "bench"] + sys.argv[2:])
+            if sys.argv[1:2] == ["bench"] else " ".join(sys.argv),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "seconds": round(time.time() - started, 1),
+            "pools": [asdict(report) for report in reports],
+            "scaling": [asdict(row) for row in rows],
+            "scaling_fill": args.scaling_fill if args.scaling else None,
+        }
+        Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
+    failed = any(r.error is not None or not r.answers_match
+                 for report in reports for r in report.results[:1])
+    failed = failed or any(row.error for row in rows)
+    return 1 if failed else 0
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m prefixcache.oracle.bench [options]``: the verb on its own."""
+    parser = argparse.ArgumentParser(prog="prefixcache bench", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
