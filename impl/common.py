@@ -362,11 +362,18 @@ def get_all_blocks_recursively(last_block: Block) -> List[Block]:
 
 def check_token_ids(token_ids: object, room: int) -> None:
     """Reject token lists a block cannot take: not a list/tuple of ints
-    (WrongTypeError), or more than ``room`` tokens (BlockFullError)."""
+    (WrongTypeError, checked first), or more than ``room`` tokens
+    (BlockFullError)."""
+    check_token_types(token_ids)
+    if len(token_ids) > room:  # type: ignore[arg-type]
+        raise BlockFullError(f"{len(token_ids)} tokens do not fit in "  # type: ignore[arg-type]
+                             f"{room} empty slots")
+
+
+def check_token_types(token_ids: object) -> None:
+    """Reject anything but a list (or tuple) of ints (WrongTypeError)."""
     if not isinstance(token_ids, (list, tuple)):
         raise WrongTypeError(f"token_ids must be a list of ints, got {type(token_ids).__name__}")
-    if len(token_ids) > room:
-        raise BlockFullError(f"{len(token_ids)} tokens do not fit in {room} empty slots")
     for token in token_ids:
         if type(token) is not int:
             raise WrongTypeError(f"a token id must be an int, got {token!r}")
@@ -383,9 +390,11 @@ def check_blocks(blocks: object) -> None:
 
 def check_list_of_lists(values: object, what: str) -> None:
     """Reject anything but a list (or tuple) of lists (or tuples)."""
-    if not isinstance(values, (list, tuple)) or not all(
-            isinstance(v, (list, tuple)) for v in values):
+    if not isinstance(values, (list, tuple)):
         raise WrongTypeError(f"{what} must be a list of lists")
+    for value in values:
+        if not isinstance(value, (list, tuple)):
+            raise WrongTypeError(f"{what} must be a list of lists")
 
 
 def check_distinct_blocks(blocks: Iterable[Block]) -> None:

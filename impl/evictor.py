@@ -76,6 +76,9 @@ class BlockMetaData:
         )
 
 
+_new_meta = object.__new__
+
+
 class LRUEvictor(Evictor):
     """Least-recently-used eviction, exact at every moment.
 
@@ -125,14 +128,18 @@ class LRUEvictor(Evictor):
         """Remove the first entry in eviction order; return ``(id, hash)``.
 
         Raises EvictorEmptyError (a ValueError) when there is none."""
-        if not self.free_table:
+        table = self.free_table
+        if not table:
             raise EvictorEmptyError("No usable cache memory left")
         queue = self.priority_queue
+        pop = heapq.heappop
         while True:
-            entry = heapq.heappop(queue)
-            if self._is_live(entry):
-                block_id = entry[2]
-                del self.free_table[block_id]
+            entry = pop(queue)
+            block_id = entry[2]
+            meta = table.get(block_id)
+            if (meta is not None and meta.last_accessed == entry[0]
+                    and meta.num_hashed_tokens == -entry[1] and meta.content_hash == entry[3]):
+                del table[block_id]
                 return block_id, entry[3]
 
     def peek(self) -> Tuple[int, int]:
@@ -148,9 +155,16 @@ class LRUEvictor(Evictor):
         self, block_id: int, content_hash: int, num_hashed_tokens: int, last_accessed: float
     ) -> None:
         """Put (or overwrite) ``block_id``'s entry. O(log n)."""
-        meta = BlockMetaData(content_hash, num_hashed_tokens, last_accessed)
-        self.free_table[block_id] = meta
-        self._push(block_id, meta)
+        table = self.free_table
+        meta = _new_meta(BlockMetaData)  # BlockMetaData(...) without the Python-level call
+        meta.content_hash = content_hash
+        meta.num_hashed_tokens = num_hashed_tokens
+        meta.last_accessed = last_accessed
+        table[block_id] = meta
+        queue = self.priority_queue
+        heapq.heappush(queue, (last_accessed, -num_hashed_tokens, block_id, content_hash))
+        if len(queue) > 2 * len(table) + self._COMPACT_SLACK:
+            self._compact()
 
     def update(self, block_id: int, last_accessed: float) -> None:
         """Set ``block_id``'s access time. O(log n).
@@ -178,7 +192,7 @@ class LRUEvictor(Evictor):
         return len(self.free_table)
 
 
-def make_evictor(eviction_policy: EvictionPolicy) -> Evictor:
+def make_evictor(eviction_policy: EvictionPolicy) -> LRUEvictor:
     """A new empty evictor for ``eviction_policy`` (only LRU exists)."""
     if eviction_policy == EvictionPolicy.LRU:
         return LRUEvictor()

@@ -20,7 +20,7 @@ the capacity it needs before it changes anything.
 from __future__ import annotations
 
 import logging
-from itertools import takewhile
+from operator import ne
 from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from .common import (
@@ -34,6 +34,7 @@ from .common import (
     check_sizes,
     check_timestamp,
     check_token_ids,
+    check_token_types,
     get_all_blocks_recursively,
 )
 from .errors import (
@@ -52,6 +53,7 @@ from .evictor import EvictionPolicy, make_evictor
 from .hashing import NONE_HASH, HashAlgo, HashFunction, builtin_hash, resolve_hash_algo
 from .interfaces import Block, BlockAllocator, BlockId, Device
 from .naive_block import NaiveBlockAllocator, check_detached, check_no_device
+from .prefix_memo import PrefixMemo
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +138,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self.metric_data = CacheMetricData()
         # The pool's slot table and free slots (both objects live as long as the pool).
         self._pool_blocks = self._block_pool._pool
+        # The cached-and-computed prefixes of the hash lists asked about (told of every eviction).
+        self._prefix_memo = PrefixMemo()
         self._pool_free_slots = self._block_pool._free_ids
 
     def _create_block(
@@ -163,7 +167,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def _check_owned(self, block: Block) -> BlockId:
         """The id of ``block`` after checking that it is one of this
-        allocator's Blocks, attached, and that its id holds a reference."""
+        allocator's Blocks, attached, and that its id holds a reference.
+        (``free`` and ``cow_block_if_not_appendable`` inline the passing case.)"""
         if not isinstance(block, PrefixCachingBlock):
             raise WrongTypeError(f"expected a PrefixCachingBlock, got {type(block).__name__}")
         block_id = block._block_id
@@ -197,7 +202,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         check_extra_hash(extra_hash)
 
     def _check_capacity(self, needed: int) -> None:
-        available = len(self._free_ids) + self.evictor.num_blocks
+        available = len(self._free_ids) + len(self.evictor.free_table)
         if needed > available:
             raise NoFreeBlocksError(f"{needed} blocks needed, {available} free or evictable")
 
@@ -215,13 +220,19 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if parent is None or parent == NONE_HASH:
                 raise UnhashableBlockError("the previous block has no content hash")
         hashes: List[int] = []
+        size = self._block_size
+        hash_fn = self._hash_fn
         for token_ids in block_token_ids:
-            check_token_ids(token_ids, self._block_size)
-            if len(token_ids) != self._block_size:
-                raise UnhashableBlockError(
-                    f"an immutable block needs {self._block_size} tokens, got {len(token_ids)}"
-                )
-            parent = self._hash_fn(parent, token_ids, extra_hash)
+            if type(token_ids) is list and len(token_ids) == size:
+                for token in token_ids:  # check_token_ids, inline for the usual case
+                    if type(token) is not int:
+                        check_token_ids(token_ids, size)  # raises
+            else:
+                check_token_ids(token_ids, size)
+                if len(token_ids) != size:
+                    raise UnhashableBlockError(
+                        f"an immutable block needs {size} tokens, got {len(token_ids)}")
+            parent = hash_fn(parent, token_ids, extra_hash)
             hashes.append(parent)
         return hashes
 
@@ -252,10 +263,14 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         else the evictor's first victim (which leaves the cache)."""
         if self._free_ids:
             block_id = self._free_ids.popleft()
-        elif self.evictor.num_blocks:
+        elif self.evictor.free_table:
             block_id, content_hash = self.evictor.evict()
             del self._cached_blocks[content_hash]
             self._touched_blocks.discard(block_id)
+            log = self._prefix_memo._log  # PrefixMemo.evicted, inline
+            log.append(content_hash)
+            if len(log) > self._prefix_memo.log_limit:
+                self._prefix_memo.clear()
         else:
             raise NoFreeBlocksError("no free or evictable block")
         self._refcounts[block_id] = 1
@@ -347,9 +362,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         block._last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         block._cached_content_hash = None
         block._unhashable = False
-        block._num_tokens_total = len(token_ids) + (
-            0 if prev_block is None else prev_block.num_tokens_total
-        )
+        if prev_block is None:
+            block._num_tokens_total = len(token_ids)
+        elif type(prev_block) is PrefixCachingBlock:
+            block._num_tokens_total = len(token_ids) + prev_block._num_tokens_total
+        else:
+            block._num_tokens_total = len(token_ids) + prev_block.num_tokens_total
         return block
 
     def _allocate_full(
@@ -421,10 +439,35 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         check_list_of_lists(block_token_ids, "block_token_ids")
         hashes = self._full_block_hashes(prev_block, block_token_ids, extra_hash)
         self._check_capacity(self._demand(hashes))
+        # _allocate_full for each block, with _acquire_cached inline
+        cached = self._cached_blocks
+        refcounts = self._refcounts
+        touched = self._touched_blocks
+        query = self.metric_data.query
         blocks: List[Block] = []
         for token_ids, content_hash in zip(block_token_ids, hashes):
-            prev_block = self._allocate_full(prev_block, token_ids, extra_hash, content_hash)
-            blocks.append(prev_block)
+            cached_id = cached.get(content_hash)
+            if cached_id is not None:
+                query(True)
+                count = refcounts[cached_id]
+                refcounts[cached_id] = count + 1
+                if count == 0:
+                    self.evictor.remove(cached_id)
+                    tracker = self._block_tracker[cached_id]
+                    tracker.active = True
+                    tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
+                    tracker.computed = cached_id not in touched
+                block = self._pooled_block(prev_block, token_ids, cached_id, extra_hash)
+                block._computed = True
+            else:
+                query(False)
+                block_id = self._take_id()
+                cached[content_hash] = block_id
+                touched.add(block_id)
+                block = self._pooled_block(prev_block, token_ids, block_id, extra_hash)
+            block._cached_content_hash = content_hash
+            blocks.append(block)
+            prev_block = block
         return blocks
 
     # -- promotion and copy-on-write -------------------------------------------------
@@ -488,11 +531,19 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """Drop ``block``'s reference and detach it.  At refcount 0 an
         immutable id becomes evictable (still cached) and a mutable id free.
         The Block object returns to the pool unless ``keep_block_object``."""
-        block_id = self._check_owned(block)
+        if isinstance(block, PrefixCachingBlock) and block._allocator is self:
+            block_id = block._block_id
+            if block_id is None or not self._refcounts.get(block_id):
+                block_id = self._check_owned(block)  # raises
+        else:
+            block_id = self._check_owned(block)  # raises or returns
         self._release_block(block, block_id)  # type: ignore[arg-type]
         block._block_id = None  # type: ignore[attr-defined]
         if not keep_block_object:
-            self._block_pool.free_block(block)
+            slot = getattr(block, "pool_id", None)
+            pooled = self._pool_blocks
+            if type(slot) is int and 0 <= slot < len(pooled) and pooled[slot] is block:
+                self._pool_free_slots.appendleft(slot)  # BlockPool.free_block, inline
 
     def fork(self, last_block: Block) -> List[Block]:
         """A new chain of Blocks sharing the ids of ``last_block``'s chain
@@ -520,7 +571,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """Free plus evictable ids: exactly how many allocations succeed."""
         if device is not None:
             check_no_device(device)
-        return len(self._free_ids) + self.evictor.num_blocks
+        return len(self._free_ids) + len(self.evictor.free_table)
 
     def get_num_total_blocks(self) -> int:
         """How many ids this allocator manages."""
@@ -580,27 +631,33 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def find_cached_blocks_prefix(self, block_hashes: List[int]) -> List[int]:
         """The longest prefix of ``block_hashes`` whose blocks are all cached
-        and computed.  O(length of the answer), in C but for touched ids.
-
-        A cached id is computed exactly when it is not touched (the spec's
-        ``touched_not_computed`` and ``untouched_content_computed``), so the
-        answer is the cached run of hashes cut before the first touched id."""
-        if not isinstance(block_hashes, (list, tuple)):
-            raise WrongTypeError(f"block_hashes must be a list, got {type(block_hashes).__name__}")
-        cached = self._cached_blocks
+        and computed (a new list).  A cached id is computed exactly when it
+        is not touched (the spec's ``touched_not_computed`` and
+        ``untouched_content_computed``).  O(length) in C; for a list asked
+        about before, O(1) per hash appended or evicted since (see
+        :mod:`prefixcache.impl.prefix_memo`).  WrongTypeError unless it is
+        a list or tuple of hashable values."""
+        memo = self._prefix_memo
+        entry = memo._entries.get(id(block_hashes))
+        if entry is not None and entry.source is block_hashes and block_hashes == entry.snapshot:
+            # PrefixMemo.find's most common case, inline: the list is unchanged
+            # and was all cached and computed; only evictions since can cut it.
+            log = memo._log
+            if entry.log_position != len(log):
+                news = log[entry.log_position:]
+                if not entry.positions.keys().isdisjoint(news):
+                    memo.cut(entry, news)
+                entry.log_position = len(log)
+            if entry.length == len(block_hashes):
+                return block_hashes[:]
+        if type(block_hashes) is not list and not isinstance(block_hashes, (list, tuple)):
+            raise WrongTypeError(
+                f"block_hashes must be a list of ints, got {type(block_hashes).__name__}")
         try:
-            prefix = list(takewhile(cached.__contains__, block_hashes))
+            return self._prefix_memo.find(block_hashes, self._cached_blocks,
+                                          self._touched_blocks)
         except TypeError as exc:
-            raise WrongTypeError(f"a content hash must be an int: {exc}") from exc
-        touched = self._touched_blocks
-        if touched and prefix and not touched.isdisjoint(map(cached.__getitem__, prefix)):
-            for index, content_hash in enumerate(prefix):
-                if cached[content_hash] in touched:
-                    del prefix[index:]
-                    break
-        if type(block_hashes) is list:
-            return prefix
-        return block_hashes[:len(prefix)]
+            raise WrongTypeError(f"block_hashes must be a list of ints: {exc}") from exc
 
     # -- access times and the computed flag ------------------------------------------------
 
@@ -644,6 +701,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def get_common_computed_block_ids(self, computed_seq_block_ids: List[List[int]]) -> List[int]:
         """One list: that list itself.  Otherwise the longest common prefix of
         the non-empty lists (``[]`` when there are none)."""
+        if (type(computed_seq_block_ids) is list and len(computed_seq_block_ids) == 1
+                and type(computed_seq_block_ids[0]) is list):
+            return computed_seq_block_ids[0]  # the common case, already checked
         check_list_of_lists(computed_seq_block_ids, "computed_seq_block_ids")
         if len(computed_seq_block_ids) == 1:
             return computed_seq_block_ids[0]
@@ -651,11 +711,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if not lists:
             return []
         low, high = min(lists), max(lists)
-        length = 0
-        for a, b in zip(low, high):
-            if a != b:
-                break
-            length += 1
+        differs = list(map(ne, low, high))  # up to the shorter one's end
+        length = differs.index(True) if True in differs else len(differs)
         return list(low[:length])
 
     # -- swapping ---------------------------------------------------------------------------
@@ -721,6 +778,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             del self._cached_blocks[content_hash]
             self._free_ids.appendleft(block_id)
         self.evictor = make_evictor(self.eviction_policy)
+        self._prefix_memo.clear()
         self._touched_blocks.clear()
         self.metric_data = CacheMetricData()
         return True
@@ -787,8 +845,20 @@ class PrefixCachingBlock(Block):
         tokens = self._token_ids
         size = self._block_size
         used = len(tokens)
+        if (used + 1 < size and type(token_ids) is list and len(token_ids) == 1
+                and not self._computed and type(token_ids[0]) is int):
+            # One token into a block that stays non-full (so has no hash), which
+            # this Block alone references: nothing to copy, nothing to promote.
+            block_id = self._block_id
+            allocator = self._allocator
+            if block_id is None or (type(allocator) is PrefixCachingBlockAllocator
+                                    and allocator._refcounts.get(block_id) == 1):
+                tokens.append(token_ids[0])
+                self._num_tokens_total += 1
+                return
         if self._computed or self._cached_content_hash is not None or (
                 used == size and self.content_hash is not None):
+            check_token_types(token_ids)  # a wrong type is reported first
             raise ImmutableBlockError("cannot append to an immutable or computed block")
         if not token_ids:
             return

@@ -21,9 +21,7 @@ beyond either it starts over, which costs one full examination per list.
 from __future__ import annotations
 
 from itertools import takewhile
-from typing import Collection, Dict, List, Mapping, Optional, Sequence, TypeVar
-
-HashList = TypeVar("HashList", bound=Sequence[int])
+from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence
 
 
 class _Entry:
@@ -72,53 +70,62 @@ class PrefixMemo:
         if len(log) > self.log_limit:
             self.clear()
 
-    def find(self, block_hashes: HashList, cached: Mapping[int, int],
-             touched: Collection[int]) -> HashList:
-        """The longest prefix of ``block_hashes`` (a slice of it) whose hashes
-        are in ``cached`` with an id not in ``touched``."""
-        if type(block_hashes) is not list:
-            return block_hashes[:_scan(block_hashes, 0, cached, touched, None)]  # type: ignore[return-value]
-        entry = self._entries.get(id(block_hashes))
-        if entry is None or entry.source is not block_hashes or not _unchanged(
-                block_hashes, entry.snapshot):
-            length = _scan(block_hashes, 0, cached, touched, None)
-            entries = self._entries
-            if len(entries) >= self.capacity:
-                entries.clear()
-            entries[id(block_hashes)] = _Entry(block_hashes, length, len(self._log))
-            return block_hashes[:length]  # type: ignore[return-value]
+    def cut(self, entry: _Entry, evicted: List[int]) -> int:
+        """Shorten ``entry``'s prefix before the first of ``evicted`` in it;
+        return the new length."""
         length = entry.length
-        log = self._log
-        position = entry.log_position
-        if position < len(log):
-            positions = entry.positions
-            for index in range(position, len(log)):
-                found = positions.get(log[index])
-                if found is not None and found < length:
-                    length = found
-            entry.log_position = len(log)
-        if length < len(block_hashes):
-            length = _scan(block_hashes, length, cached, touched, entry.positions)
-            if len(block_hashes) > len(entry.snapshot):
-                entry.snapshot = block_hashes[:]
+        positions = entry.positions
+        for content_hash in evicted:
+            found = positions.get(content_hash)
+            if found is not None and found < length:
+                length = found
         entry.length = length
-        return block_hashes[:length]  # type: ignore[return-value]
+        return length
 
-
-def _unchanged(block_hashes: List[int], snapshot: List[int]) -> bool:
-    """Whether ``block_hashes`` still starts with ``snapshot``."""
-    size = len(snapshot)
-    if len(block_hashes) == size:
-        return block_hashes == snapshot
-    return len(block_hashes) > size and block_hashes[:size] == snapshot
+    def find(self, block_hashes: List[int], cached: Mapping[int, int],
+             touched: AbstractSet[int]) -> List[int]:
+        """The longest prefix of ``block_hashes`` (a slice of it) whose hashes
+        are in ``cached`` with an id not in ``touched``.  Not a list (a
+        tuple, say): examined afresh, and the slice is of its type."""
+        if type(block_hashes) is not list:
+            return block_hashes[:_scan(block_hashes, 0, cached, touched, None)]
+        entry = self._entries.get(id(block_hashes))
+        if entry is not None and entry.source is block_hashes:
+            snapshot = entry.snapshot
+            if block_hashes == snapshot:
+                grown = False
+            elif len(block_hashes) > len(snapshot) and block_hashes[:len(snapshot)] == snapshot:
+                grown = True
+            else:
+                entry = None
+            if entry is not None:
+                length = entry.length
+                log = self._log
+                if entry.log_position != len(log):
+                    news = log[entry.log_position:]
+                    if not entry.positions.keys().isdisjoint(news):
+                        length = self.cut(entry, news)
+                    entry.log_position = len(log)
+                if length < len(block_hashes):
+                    entry.length = length = _scan(block_hashes, length, cached, touched,
+                                                  entry.positions)
+                    if grown:
+                        entry.snapshot = block_hashes[:]
+                return block_hashes[:length]
+        length = _scan(block_hashes, 0, cached, touched, None)
+        entries = self._entries
+        if len(entries) >= self.capacity:
+            entries.clear()
+        entries[id(block_hashes)] = _Entry(block_hashes, length, len(self._log))
+        return block_hashes[:length]
 
 
 def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
-          touched: Collection[int], positions: Optional[Dict[int, int]]) -> int:
+          touched: AbstractSet[int], positions: Optional[Dict[int, int]]) -> int:
     """The end of the cached, untouched run of ``block_hashes`` from
     ``start``; its hashes are added to ``positions`` (first index wins)."""
     run = list(takewhile(cached.__contains__, block_hashes[start:] if start else block_hashes))
-    if touched and run and not touched.isdisjoint(map(cached.__getitem__, run)):  # type: ignore[attr-defined]
+    if touched and run and not touched.isdisjoint(map(cached.__getitem__, run)):
         for index, content_hash in enumerate(run):
             if cached[content_hash] in touched:
                 del run[index:]

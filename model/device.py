@@ -39,10 +39,11 @@ class DeviceModel:
         return self.gpu if name == "gpu" else self.cpu
 
     def _owner(self, handle: object) -> Model:
-        owner = getattr(handle, "owner", None)
-        if not isinstance(handle, Handle) or not (owner is self.gpu or owner is self.cpu):
+        if not isinstance(handle, Handle):
+            raise err.WrongTypeError(f"not a block handle: {handle!r}")
+        if handle.owner is not self.gpu and handle.owner is not self.cpu:
             raise err.ForeignBlockError("not a block of this allocator pair")
-        return owner
+        return handle.owner
 
     def allocate_mutable_block(
         self, prev_block: Prev, device: object, extra_hash: Extra = None

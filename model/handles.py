@@ -8,14 +8,14 @@ named by an exact key, never by a hash.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Optional
 
 from ..spec.state import ContentKey
 
 #: The exact content of a full block whose chain is hashed: one
 #: (extra_hash, tokens) pair per block, from the first block to this one.
-#: Finer than the spec's ContentKey, which keeps one extra hash per chain.
-ChainKey = Tuple[Tuple[Optional[int], Tuple[int, ...]], ...]
+#: Exactly the spec's :data:`~prefixcache.spec.state.ContentKey`.
+ChainKey = ContentKey
 
 
 @dataclass(eq=False)
@@ -55,7 +55,7 @@ class Handle:
     @property
     def content_key(self) -> Optional[ContentKey]:
         """The spec's name of this block's content, or None without content."""
-        return None if self.key is None else project(self.key)
+        return self.key
 
 
 def chain(last: Handle) -> list[Handle]:
@@ -67,18 +67,3 @@ def chain(last: Handle) -> list[Handle]:
         h = h.prev_block
     return out[::-1]
 
-
-def project(key: ChainKey) -> ContentKey:
-    """The spec's :data:`ContentKey` of an exact chain key: the last block's
-    extra hash and every token of the chain."""
-    return (key[-1][0], tuple(t for _, toks in key for t in toks))
-
-
-def expand(key: ContentKey, block_size: int) -> Optional[ChainKey]:
-    """The chain key a spec key names when every block carries its extra
-    hash (what vLLM's ComputedBlocksTracker hashes), or None when the tokens
-    do not fill whole blocks."""
-    extra, toks = key
-    if not toks or len(toks) % block_size:
-        return None
-    return tuple((extra, tuple(toks[i : i + block_size])) for i in range(0, len(toks), block_size))

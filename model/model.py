@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 from ..impl import errors as err
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState, ContentKey, EvictorEntry
 from .errors import ChoiceNotAllowed, ModelInvariantError
-from .handles import ChainKey, Handle, chain, expand, project
+from .handles import ChainKey, Handle, chain
 
 Prev = Optional[Handle]
 Extra = Optional[int]
@@ -195,6 +195,7 @@ class Model:
         detached (swapped-out) block only changes its own tokens and content."""
         h = self._own(block)
         if h.key is not None or h.computed:
+            self._tokens(token_ids, len(token_ids) if isinstance(token_ids, (list, tuple)) else 0)
             raise err.ImmutableBlockError("the block is immutable")
         if not self._tokens(token_ids, h.num_empty_slots):
             return
@@ -346,14 +347,14 @@ class Model:
         )
 
     def find_cached_blocks_prefix(self, keys: Sequence[ContentKey]) -> list[ContentKey]:
-        """The longest prefix of ``keys`` (spec content keys, read with every
-        block carrying the key's extra hash) whose blocks are all cached and
-        computed (not touched), in use or evictable.  No effect."""
+        """The longest prefix of ``keys`` (spec content keys: one
+        (extra_hash, tokens) pair per block of the chain) whose blocks are
+        all cached and computed (not touched), in use or evictable.  No effect."""
         out: list[ContentKey] = []
         for k in keys:
-            if not (isinstance(k, tuple) and len(k) == 2 and isinstance(k[1], tuple)):
+            if not _is_content_key(k):
                 raise err.WrongTypeError(f"not a content key: {k!r}")
-            i = self._cached.get(expand(k, self.block_size) or ())
+            i = self._cached.get(k)
             if i is None or i in self._touched:
                 break
             out.append(k)
@@ -411,7 +412,7 @@ class Model:
         (see ``_computed``); an evictable id reports its entry's last access."""
 
         def ck(i: int) -> Optional[ContentKey]:
-            return project(self._content[i]) if i in self._content else None
+            return self._content.get(i)
 
         last = {i: t for t, _, i in self._evictor} | self._last
         blocks = {i: BlockState(self._ref[i], ck(i), self._computed(i), t) for i, t in last.items()}
@@ -419,9 +420,9 @@ class Model:
             block_ids=self._ids,
             free=tuple(self._free),
             blocks=blocks,
-            cached={project(k): i for k, i in self._cached.items()},
+            cached=dict(self._cached),
             evictor=tuple(
-                EvictorEntry(t, -n, i, project(self._content[i])) for t, n, i in self._evictor
+                EvictorEntry(t, -n, i, self._content[i]) for t, n, i in self._evictor
             ),
             touched=frozenset(self._touched),
             copy_on_writes=tuple(self._cows),
@@ -542,12 +543,10 @@ class Model:
             raise err.WrongTypeError("extra_hash must be an int or None")
 
     def _tokens(self, toks: object, room: int) -> tuple[int, ...]:
-        if not isinstance(toks, (list, tuple)):
+        if not isinstance(toks, (list, tuple)) or not all(map(_is_int, toks)):
             raise err.WrongTypeError("token_ids must be a list of ints")
         if len(toks) > room:
             raise err.BlockFullError(f"{len(toks)} tokens do not fit in {room} empty slots")
-        if not all(map(_is_int, toks)):
-            raise err.WrongTypeError("token_ids must be a list of ints")
         return tuple(toks)
 
     def _save(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -577,6 +576,12 @@ class Model:
 
 def _is_int(x: object) -> bool:
     return type(x) is int
+
+
+def _is_content_key(k: object) -> bool:
+    """A non-empty tuple of (extra_hash, tokens) pairs, tokens a tuple."""
+    return (isinstance(k, tuple) and len(k) > 0
+            and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], tuple) for p in k))
 
 
 def _base(prev: Optional[Handle]) -> ChainKey:

@@ -76,10 +76,11 @@ class NaiveModel:
         self._ref[i] = 1
         return i
 
+    def _check_prev(self, prev: object) -> None:
+        if prev is not None and not isinstance(prev, Handle):
+            raise err.WrongTypeError(f"prev_block must be a block handle: {prev!r}")
+
     def _new(self, prev: object, toks: Any) -> Handle:
-        if prev is not None:
-            if not isinstance(prev, Handle):
-                raise err.WrongTypeError(f"prev_block must be a block handle: {prev!r}")
         h = Handle(self, self.block_size, cast(Optional[Handle], prev), toks)
         h.block_id = self._take()
         self._live[id(h)] = h
@@ -96,6 +97,7 @@ class NaiveModel:
         self, prev_block: Optional[Handle], extra_hash: Optional[int] = None
     ) -> Handle:
         """An empty block on the first free id."""
+        self._check_prev(prev_block)
         self._need(1)
         return self._new(prev_block, [])
 
@@ -106,6 +108,7 @@ class NaiveModel:
         extra_hash: Optional[int] = None,
     ) -> Handle:
         """A block holding ``token_ids`` on the first free id (never shared)."""
+        self._check_prev(prev_block)
         toks = self._tokens(token_ids, self.block_size)
         self._need(1)
         return self._new(prev_block, toks)
@@ -117,6 +120,9 @@ class NaiveModel:
         extra_hash: Optional[int] = None,
     ) -> list[Handle]:
         """A chain of blocks on the next free ids; all or none."""
+        self._check_prev(prev_block)
+        if not isinstance(block_token_ids, (list, tuple)):
+            raise err.WrongTypeError("block_token_ids must be a list of token lists")
         lists = [self._tokens(t, self.block_size) for t in block_token_ids]
         self._need(len(lists))
         out: list[Handle] = []

@@ -5,11 +5,17 @@ size, planned on prefixcache.impl, compiled into a flat program of allocator
 calls (:mod:`prefixcache.oracle.benchdriver`) and replayed on each target:
 
 * throughput: the whole program, best of ``--repeats`` replays, each on a
-  fresh allocator (construction not timed), without per-call timing; the
-  garbage collector runs but the objects alive before the replay are frozen
+  fresh allocator (construction not timed), without per-call timing, by
+  wall time or (``--clock cpu``) by this process's CPU time; the garbage
+  collector runs but the objects alive before the replay are frozen
   (``gc.freeze``), so a large pool does not make collections slower;
 * latency: one more replay timing every call with ``perf_counter_ns``; the
-  median cost of reading the clock twice is subtracted from each sample;
+  median cost of reading the clock twice is subtracted from each sample.
+  Their sum, each kind's samples capped at its 99th percentile so that a
+  call during which the process was descheduled does not count in full, is
+  the time spent inside the allocator ("in-call calls/s": calls per second
+  of it, without the driver's bookkeeping between calls, which the
+  throughput figure includes);
 * the hit rate (``get_prefix_cache_hit_rate()`` at the end), and the
   fingerprint: SHA-256 of every id the target handed out, in order.  A
   target's answers to the scheduler's queries must equal the planned ones,
@@ -37,8 +43,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from time import perf_counter_ns
-from typing import Any, Dict, List, Optional, Sequence
+from time import perf_counter_ns, process_time_ns
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .benchdriver import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
 from .targets import Target, TargetError, resolve_target
@@ -46,6 +52,10 @@ from .workload import WorkloadConfig
 
 VLLM = "vllm"
 DEFAULT_SCALING_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+
+#: ``--clock``: wall time, or the CPU time of this process (steadier on a
+#: machine that other jobs share: time spent descheduled does not count).
+CLOCKS: Dict[str, Callable[[], int]] = {"wall": perf_counter_ns, "cpu": process_time_ns}
 
 
 # -- results ------------------------------------------------------------------------
@@ -73,6 +83,8 @@ class RunResult:
     calls_per_s: float = 0.0
     ns_per_call: float = 0.0
     hit_rate: float = 0.0
+    in_call_seconds: float = 0.0
+    in_call_calls_per_s: float = 0.0
     fingerprint: str = ""
     answers_match: bool = True
     latency: Dict[str, KindLatency] = field(default_factory=dict)
@@ -90,7 +102,9 @@ class PoolReport:
     calls_by_name: Dict[str, int]
     results: List[RunResult]
     ratio: Optional[float] = None
+    in_call_ratio: Optional[float] = None
     fingerprints_identical: Optional[bool] = None
+    clock: str = "wall"
 
 
 @dataclass
@@ -155,7 +169,8 @@ def load_target(name: Optional[str], vllm_cache: Optional[str] = None) -> Target
 
 
 def _replay_once(target: Target, program_plan: Plan, num_blocks: int,
-                 prefill: int = 0) -> tuple[int, Machine]:
+                 prefill: int = 0, clock: Callable[[], int] = perf_counter_ns
+                 ) -> tuple[int, Machine]:
     """Replay the whole program on a fresh allocator; return (ns, machine)."""
     program = program_plan.program
     block_size = program_plan.workload.config.block_size
@@ -166,9 +181,9 @@ def _replay_once(target: Target, program_plan: Plan, num_blocks: int,
     gc.collect()
     gc.freeze()
     try:
-        start = perf_counter_ns()
+        start = clock()
         machine.run(program.instructions)
-        elapsed = perf_counter_ns() - start
+        elapsed = clock() - start
     finally:
         gc.unfreeze()
     return elapsed, machine
@@ -190,8 +205,10 @@ def fill_cache(allocator: Any, count: int, block_size: int, chain: int = 64) -> 
 
 
 def measure(targets: Sequence[Target], program_plan: Plan, pool: str, num_blocks: int,
-            repeats: int, latency: bool, progress: Any = None) -> List[RunResult]:
-    """Time each target on the program (repeats interleaved across targets)."""
+            repeats: int, latency: bool, progress: Any = None,
+            clock: Callable[[], int] = perf_counter_ns) -> List[RunResult]:
+    """Time each target on the program (repeats interleaved across targets;
+    ``clock`` for the throughput, ``perf_counter_ns`` for the latencies)."""
     program = program_plan.program
     results = [RunResult(target=t.name, pool=pool, num_blocks=num_blocks, calls=program.calls)
                for t in targets]
@@ -202,7 +219,7 @@ def measure(targets: Sequence[Target], program_plan: Plan, pool: str, num_blocks
             if progress is not None:
                 progress(f"{pool}: {target.name}")
             try:
-                elapsed, machine = _replay_once(target, program_plan, num_blocks)
+                elapsed, machine = _replay_once(target, program_plan, num_blocks, 0, clock)
             except ReplayError as exc:
                 result.error = str(exc)
                 continue
@@ -237,18 +254,25 @@ def measure(targets: Sequence[Target], program_plan: Plan, pool: str, num_blocks
                 continue
             finally:
                 gc.unfreeze()
+            inside = 0
             for name, values in sorted(samples.items()):
                 values.sort()
+                cap = percentile(values, 0.99)  # winsorised: a descheduled call counts as p99
+                inside += sum(min(v, cap) for v in values) - overhead * len(values)
                 result.latency[name] = KindLatency(
                     count=len(values),
                     p50_ns=max(0, percentile(values, 0.50) - overhead),
                     p99_ns=max(0, percentile(values, 0.99) - overhead),
                 )
+            if inside > 0:
+                result.in_call_seconds = inside / 1e9
+                result.in_call_calls_per_s = result.calls * 1e9 / inside
     return results
 
 
 def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: float,
-            repeats: int, progress: Any = None) -> List[ScalingRow]:
+            repeats: int, progress: Any = None,
+            clock: Callable[[], int] = perf_counter_ns) -> List[ScalingRow]:
     """The target's per-call cost on each pool size, all running the program
     planned for the smallest size (which is valid for every larger pool);
     ``fill`` of each pool is made cached and evictable first."""
@@ -266,7 +290,7 @@ def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: 
             if progress is not None:
                 progress(f"scaling: {size:,} blocks")
             try:
-                elapsed, machine = _replay_once(target, program_plan, size, prefilled)
+                elapsed, machine = _replay_once(target, program_plan, size, prefilled, clock)
             except ReplayError as exc:
                 error = str(exc)
                 break
@@ -311,25 +335,28 @@ def print_pool(console: Any, report: PoolReport) -> None:
              f"{stats['turns']} requests, {stats['steps']:,} steps, "
              f"{stats['recompute_preemptions'] + stats['swap_preemptions']} preemptions")
     table = Table(title=title, title_justify="left")
-    for column in ("#", "target", "calls", "best s", "calls/s", "ns/call", "hit rate",
-                   "fingerprint", "answers"):
+    for column in ("#", "target", "calls", f"best s ({report.clock})", "calls/s", "ns/call",
+                   "in-call calls/s", "hit rate", "fingerprint", "answers"):
         table.add_column(column, justify="left" if column in ("target", "fingerprint")
                          else "right")
     for number, result in enumerate(report.results, 1):
         if result.error is not None and not result.seconds_all:
             table.add_row(str(number), result.target, f"{result.calls:,}", "-", "-", "-", "-",
-                          "-", f"[red]{result.error}[/red]")
+                          "-", "-", f"[red]{result.error}[/red]")
             continue
         table.add_row(
             str(number), result.target, f"{result.calls:,}", f"{result.seconds:.3f}",
             f"{result.calls_per_s:,.0f}", f"{result.ns_per_call:,.0f}",
+            f"{result.in_call_calls_per_s:,.0f}" if result.in_call_calls_per_s else "-",
             f"{result.hit_rate:.4f}", _short(result.fingerprint),
             "ok" if result.answers_match else "[red]diverged[/red]",
         )
     console.print(table)
     if report.ratio is not None:
         same = "identical" if report.fingerprints_identical else "[red]DIFFERENT[/red]"
-        console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s; "
+        inside = (f", [bold]{report.in_call_ratio:.2f}x[/bold] in-call"
+                  if report.in_call_ratio else "")
+        console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s{inside}; "
                       f"id fingerprints {same}")
     for result in report.results:
         if result.error is not None:
@@ -406,6 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed replays per target; the best counts (3)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="time the replays by wall time or by this process's CPU time "
+                             "(steadier on a shared machine) (wall)")
     parser.add_argument("--no-latency", action="store_true",
                         help="skip the per-call latency replay")
     parser.add_argument("--scaling", action="store_true",
@@ -459,19 +489,23 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"{name}: planning the workload")
             program_plan = plan(config)
             results = measure(targets, program_plan, name, config.num_blocks, args.repeats,
-                              not args.no_latency, progress)
+                              not args.no_latency, progress, CLOCKS[args.clock])
             report = PoolReport(
                 pool=name, config=asdict(config), workload=asdict(program_plan.workload.stats),
                 calls=program_plan.program.calls,
-                calls_by_name=dict(program_plan.program.calls_by_name), results=results)
+                calls_by_name=dict(program_plan.program.calls_by_name), results=results,
+                clock=args.clock)
             if len(results) == 2 and results[0].calls_per_s and results[1].calls_per_s:
                 report.ratio = results[0].calls_per_s / results[1].calls_per_s
                 report.fingerprints_identical = results[0].fingerprint == results[1].fingerprint
+                if results[0].in_call_seconds and results[1].in_call_seconds:
+                    report.in_call_ratio = (results[1].in_call_seconds
+                                            / results[0].in_call_seconds)
             reports.append(report)
             print_pool(console, report)
         if args.scaling:
             rows = scaling(targets[0], configs[0][1], args.scaling_sizes, args.scaling_fill,
-                           args.repeats, progress)
+                           args.repeats, progress, CLOCKS[args.clock])
             print_scaling(console, targets[0].name, rows, args.scaling_fill)
     if args.json:
         document = {
@@ -482,6 +516,7 @@ def run(args: argparse.Namespace) -> int:
             "machine": platform.machine(),
             "processor": platform.processor(),
             "seconds": round(time.time() - started, 1),
+            "clock": args.clock,
             "pools": [asdict(report) for report in reports],
             "scaling": [asdict(row) for row in rows],
             "scaling_fill": args.scaling_fill if args.scaling else None,

@@ -19,10 +19,14 @@ vLLM's single-device API, using only the public API.
   operation and executes it on a planning allocator (prefixcache.impl's), so
   the scheduler's decisions come from a correct allocator's answers.
 
-Each program instruction is one allocator call, except ``FREE_SEQ``, which
-frees every block of a sequence (one ``free`` call per block).  The ids a
-target hands out (every Block returned, and every Block's id after an
-append) are kept in order; their SHA-256 is the run's fingerprint.
+An instruction makes the allocator calls :data:`CALLS` names for its
+opcode: one, or two that the block manager always makes back to back (an
+append and ``clear_copy_on_writes``; the cached prefix of a one-sequence
+group and its common computed ids), or, for ``FREE_SEQ``, one ``free`` per
+block of the sequence.  The ids a target hands out (every Block returned,
+every Block's id after an append that may change it, a sequence's ids when
+it is freed or swapped out) are kept in order; their SHA-256 is the run's
+fingerprint.
 """
 
 from __future__ import annotations
@@ -37,40 +41,43 @@ from ..impl.hashing import builtin_hash
 from .workload import Op, Workload, WorkloadConfig, generate
 
 # Opcodes.  Instructions are 4-tuples (opcode, seq, x, y).
-APPEND = 0
-CLEAR_COW = 1
-FIND_CACHED = 2
-COMMON1 = 3
-FREE_COUNT = 4
-MARK_COMPUTED = 5
-ALLOC_MUT = 6
-FREE_SEQ = 7
-MARK_ACCESSED = 8
-ALLOC_IMM = 9
-FORK = 10
-COMMON = 11
-TOUCHED = 12
-SWAP_OUT = 13
-SWAP_IN = 14
+DECODE = 0         # seq, [token], whether the id may change: append, clear CoWs
+SCHED1 = 1         # seq, its hash list, its length: cached prefix, common ids
+FREE_COUNT = 2
+MARK_COMPUTED = 3
+ALLOC_MUT = 4      # seq, extra hash
+APPEND = 5         # seq, tokens (a prompt's tail)
+FREE_SEQ = 6       # seq
+MARK_ACCESSED = 7  # seq, now
+ALLOC_IMM = 8      # seq, token lists, extra hash
+FIND_CACHED = 9    # seq, its hash list, its length (a group of several)
+COMMON = 10        # 0, the group's seqs
+FORK = 11          # parent, child
+TOUCHED = 12       # 0, the group's seqs
+SWAP_OUT = 13      # seq
+SWAP_IN = 14       # seq
 
-#: The allocator call (or Block method) each opcode stands for.
-CALL_NAMES: Dict[int, str] = {
-    APPEND: "append_token_ids",
-    CLEAR_COW: "clear_copy_on_writes",
-    FIND_CACHED: "find_cached_blocks_prefix",
-    COMMON1: "get_common_computed_block_ids",
-    COMMON: "get_common_computed_block_ids",
-    FREE_COUNT: "get_num_free_blocks",
-    MARK_COMPUTED: "mark_blocks_as_computed",
-    ALLOC_MUT: "allocate_mutable_block",
-    FREE_SEQ: "free",
-    MARK_ACCESSED: "mark_blocks_as_accessed",
-    ALLOC_IMM: "allocate_immutable_blocks",
-    FORK: "fork",
-    TOUCHED: "get_num_full_blocks_touched",
-    SWAP_OUT: "swap_out",
-    SWAP_IN: "swap_in",
+#: The allocator calls (``append_token_ids`` is the Block's) of each opcode.
+CALLS: Dict[int, Tuple[str, ...]] = {
+    DECODE: ("append_token_ids", "clear_copy_on_writes"),
+    SCHED1: ("find_cached_blocks_prefix", "get_common_computed_block_ids"),
+    FREE_COUNT: ("get_num_free_blocks",),
+    MARK_COMPUTED: ("mark_blocks_as_computed",),
+    ALLOC_MUT: ("allocate_mutable_block",),
+    APPEND: ("append_token_ids",),
+    FREE_SEQ: ("free",),
+    MARK_ACCESSED: ("mark_blocks_as_accessed",),
+    ALLOC_IMM: ("allocate_immutable_blocks",),
+    FIND_CACHED: ("find_cached_blocks_prefix",),
+    COMMON: ("get_common_computed_block_ids",),
+    FORK: ("fork",),
+    TOUCHED: ("get_num_full_blocks_touched",),
+    SWAP_OUT: ("swap_out",),
+    SWAP_IN: ("swap_in",),
 }
+
+#: Every call name a program can make.
+CALL_NAMES: Tuple[str, ...] = tuple(sorted({name for names in CALLS.values() for name in names}))
 
 Instruction = Tuple[int, int, Any, Any]
 
@@ -89,13 +96,14 @@ class Program:
 
 
 class _SeqState:
-    __slots__ = ("tokens", "hashes", "extra_hash", "num_blocks")
+    __slots__ = ("tokens", "hashes", "extra_hash", "num_blocks", "shared_tail")
 
     def __init__(self, tokens: List[int], extra_hash: Optional[int]) -> None:
         self.tokens = tokens
         self.hashes: List[int] = []
         self.extra_hash = extra_hash
         self.num_blocks = 0
+        self.shared_tail = False  # forked since its last append: the tail may be copied
 
 
 class Compiler:
@@ -107,12 +115,13 @@ class Compiler:
         self.program = program if program is not None else Program()
         self.seqs: Dict[int, _SeqState] = {}
 
-    def _emit(self, op: int, seq: int = 0, x: Any = None, y: Any = None, calls: int = 1) -> None:
+    def _emit(self, op: int, seq: int = 0, x: Any = None, y: Any = None, each: int = 1) -> None:
         program = self.program
         program.instructions.append((op, seq, x, y))
-        program.calls += calls
-        name = CALL_NAMES[op]
-        program.calls_by_name[name] = program.calls_by_name.get(name, 0) + calls
+        by_name = program.calls_by_name
+        for name in CALLS[op]:
+            program.calls += each
+            by_name[name] = by_name.get(name, 0) + each
         if seq >= program.num_seqs:
             program.num_seqs = seq + 1
 
@@ -143,17 +152,20 @@ class Compiler:
                 self._emit(ALLOC_MUT, seq, state.extra_hash)
                 state.num_blocks += 1
             state.tokens.append(token)
-            self._emit(APPEND, seq, [token])
-            self._emit(CLEAR_COW)
+            may_change = state.shared_tail or len(state.tokens) % size == 0
+            state.shared_tail = False
+            self._emit(DECODE, seq, [token], may_change)
         elif kind == "scheduled":
             seqs: Sequence[int] = args[1]
             for seq in seqs:
-                state = self.seqs[seq]
-                self._refresh_hashes(state)
-                self._emit(FIND_CACHED, seq, state.hashes, len(state.hashes))
+                self._refresh_hashes(self.seqs[seq])
             if len(seqs) == 1:
-                self._emit(COMMON1, seqs[0])
+                state = self.seqs[seqs[0]]
+                self._emit(SCHED1, seqs[0], state.hashes, len(state.hashes))
             else:
+                for seq in seqs:
+                    state = self.seqs[seq]
+                    self._emit(FIND_CACHED, seq, state.hashes, len(state.hashes))
                 self._emit(COMMON, 0, tuple(seqs))
         elif kind == "mark_computed":
             self._emit(MARK_COMPUTED)
@@ -183,6 +195,7 @@ class Compiler:
             source = self.seqs[parent]
             state = _SeqState(list(source.tokens), source.extra_hash)
             state.num_blocks = source.num_blocks
+            state.shared_tail = source.shared_tail = True
             self.seqs[child] = state
             self._emit(FORK, parent, child)
             self.program.num_seqs = max(self.program.num_seqs, child + 1)
@@ -190,12 +203,13 @@ class Compiler:
             seq, now = args[1], args[2]
             state = self.seqs.pop(seq)
             self._emit(MARK_ACCESSED, seq, now)
-            self._emit(FREE_SEQ, seq, calls=state.num_blocks)
+            self._emit(FREE_SEQ, seq, each=state.num_blocks)
         elif kind == "swap_out":
             seq, now = args[1], args[2]
             self._emit(MARK_ACCESSED, seq, now)
             self._emit(SWAP_OUT, seq)
         elif kind == "swap_in":
+            self.seqs[args[1]].shared_tail = False  # every block gets its own id back
             self._emit(SWAP_IN, args[1])
         else:
             raise ValueError(f"unknown workload operation {kind!r}")
@@ -215,14 +229,14 @@ class ReplayError(RuntimeError):
     """The target raised while executing instruction ``index``."""
 
     def __init__(self, index: int, instruction: Instruction, cause: BaseException) -> None:
-        name = CALL_NAMES.get(instruction[0], "?")
-        super().__init__(f"call #{index} ({name}) raised {type(cause).__name__}: {cause}")
+        names = "/".join(CALLS.get(instruction[0], ("?",)))
+        super().__init__(f"instruction #{index} ({names}) raised {type(cause).__name__}: {cause}")
         self.index = index
         self.cause = cause
 
 
-def _position_of(cursor: Any, instructions: Sequence[Instruction]) -> int:
-    """The index of the item a sequence iterator handed out last."""
+def _position_of(cursor: Any) -> int:
+    """The index of the item a list iterator handed out last."""
     try:
         return max(0, int(cursor.__reduce__()[2]) - 1)
     except (AttributeError, IndexError, TypeError, ValueError):
@@ -231,9 +245,10 @@ def _position_of(cursor: Any, instructions: Sequence[Instruction]) -> int:
 
 class Machine:
     """Executes programs on one allocator, like vLLM's block manager: per
-    sequence slot its Blocks, their ids (refreshed after appends) and its
-    cached-prefix length.  ``out_ids`` collects every id handed out,
-    ``answers`` the answers to the decision queries."""
+    sequence slot its Blocks, their ids (refreshed after appends that may
+    change them), its hash list and its cached-prefix length.  ``out_ids``
+    collects the ids handed out, ``answers`` the answers to the decision
+    queries."""
 
     def __init__(self, allocator: Any, num_seqs: int) -> None:
         self.allocator = allocator
@@ -263,35 +278,29 @@ class Machine:
         common = alloc.get_common_computed_block_ids
         mark_computed = alloc.mark_blocks_as_computed
         alloc_mut = alloc.allocate_mutable_block
-        alloc_imm = alloc.allocate_immutable_blocks
         free = alloc.free
-        mark_accessed = alloc.mark_blocks_as_accessed
         blocks = self.blocks
         ids = self.ids
-        ncached = self.ncached
         hashes = self.hashes
         out = self.out_ids.append
-        out_many = self.out_ids.extend
         answer = self.answers.append
         nothing: List[int] = []
         cursor = iter(instructions)
         try:
             for op, seq, x, y in cursor:
-                if op == APPEND:
+                if op == DECODE:
                     block = blocks[seq][-1]
                     block.append_token_ids(x)
-                    block_id = block.block_id
-                    ids[seq][-1] = block_id
-                    out(block_id)
-                elif op == CLEAR_COW:
+                    if y:
+                        block_id = block.block_id
+                        ids[seq][-1] = block_id
+                        out(block_id)
                     clear_cows()
-                elif op == FIND_CACHED:
+                elif op == SCHED1:
                     known = hashes[seq]
                     if len(known) != y:
                         known.extend(x[len(known):y])
-                    ncached[seq] = len(find_cached(known))
-                elif op == COMMON1:
-                    common([ids[seq][:ncached[seq]]])
+                    common([ids[seq][:len(find_cached(known))]])
                 elif op == FREE_COUNT:
                     answer(num_free())
                 elif op == MARK_COMPUTED:
@@ -309,36 +318,47 @@ class Machine:
                     blocks[seq] = []
                     ids[seq] = []
                     hashes[seq] = []
-                elif op == MARK_ACCESSED:
-                    mark_accessed(ids[seq], x)
-                elif op == ALLOC_IMM:
-                    chain = blocks[seq]
-                    new = alloc_imm(chain[-1] if chain else None, x, y)
-                    chain.extend(new)
-                    new_ids = [block.block_id for block in new]
-                    ids[seq].extend(new_ids)
-                    out_many(new_ids)
                 else:
-                    self._rare(op, seq, x, y)
+                    self._step(op, seq, x, y)
         except Exception as exc:
-            position = _position_of(cursor, instructions)
+            position = _position_of(cursor)
             raise ReplayError(self.position + position, instructions[position], exc) from exc
         self.position += len(instructions)
 
-    def _rare(self, op: int, seq: int, x: Any, y: Any) -> None:
-        """The instructions that are rare in a replay (fork, swaps, the
-        touched count, a common prefix of several sequences)."""
+    def _step(self, op: int, seq: int, x: Any, y: Any) -> None:
+        """The instructions that are rare in a replay."""
         alloc = self.allocator
         blocks = self.blocks
         ids = self.ids
-        if op == FORK:
+        if op == APPEND:
+            block = blocks[seq][-1]
+            block.append_token_ids(x)
+            ids[seq][-1] = block.block_id
+            self.out_ids.append(ids[seq][-1])
+        elif op == MARK_ACCESSED:
+            ids[seq] = [block.block_id for block in blocks[seq]]
+            self.out_ids.extend(ids[seq])
+            alloc.mark_blocks_as_accessed(ids[seq], x)
+        elif op == ALLOC_IMM:
+            chain = blocks[seq]
+            new = alloc.allocate_immutable_blocks(chain[-1] if chain else None, x, y)
+            chain.extend(new)
+            new_ids = [block.block_id for block in new]
+            ids[seq].extend(new_ids)
+            self.out_ids.extend(new_ids)
+        elif op == FIND_CACHED:
+            known = self.hashes[seq]
+            if len(known) != y:
+                known.extend(x[len(known):y])
+            self.ncached[seq] = len(alloc.find_cached_blocks_prefix(known))
+        elif op == COMMON:
+            alloc.get_common_computed_block_ids([ids[s][:self.ncached[s]] for s in x])
+        elif op == FORK:
             new = alloc.fork(blocks[seq][-1])
             blocks[x] = new
             self.hashes[x] = []
             ids[x] = [block.block_id for block in new]
             self.out_ids.extend(ids[x])
-        elif op == COMMON:
-            alloc.get_common_computed_block_ids([ids[s][:self.ncached[s]] for s in x])
         elif op == TOUCHED:
             self.answers.append(alloc.get_num_full_blocks_touched(
                 [block for s in x for block in blocks[s]]))
@@ -348,58 +368,56 @@ class Machine:
             alloc.swap_in(blocks[seq])
             ids[seq] = [block.block_id for block in blocks[seq]]
             self.out_ids.extend(ids[seq])
+        elif op == DECODE:  # (run_timed hands these over untimed: never)
+            raise ValueError("DECODE is executed by run")
         else:
             raise ValueError(f"unknown opcode {op}")
 
     def run_timed(self, instructions: Sequence[Instruction],
                   clock: Callable[[], int] = perf_counter_ns) -> Dict[str, List[int]]:
-        """Execute ``instructions`` timing every allocator call (each
-        ``free`` of ``FREE_SEQ`` separately); return the raw durations in
+        """Execute ``instructions`` timing every allocator call separately
+        (each ``free`` of ``FREE_SEQ`` too); return the raw durations in
         nanoseconds per call name, timer overhead included."""
-        samples: Dict[int, List[int]] = {op: [] for op in CALL_NAMES}
+        samples: Dict[str, List[int]] = {name: [] for name in CALL_NAMES}
         alloc = self.allocator
         blocks = self.blocks
         ids = self.ids
-        ncached = self.ncached
         nothing: List[int] = []
         for position, (op, seq, x, y) in enumerate(instructions):
-            lat = samples[op]
             try:
-                if op == APPEND:
+                if op == DECODE:
                     block = blocks[seq][-1]
                     t = clock()
                     block.append_token_ids(x)
-                    block_id = block.block_id
-                    lat.append(clock() - t)
-                    ids[seq][-1] = block_id
-                    self.out_ids.append(block_id)
-                elif op == CLEAR_COW:
+                    samples["append_token_ids"].append(clock() - t)
+                    if y:
+                        ids[seq][-1] = block.block_id
+                        self.out_ids.append(ids[seq][-1])
                     t = clock()
                     alloc.clear_copy_on_writes()
-                    lat.append(clock() - t)
-                elif op == FIND_CACHED:
+                    samples["clear_copy_on_writes"].append(clock() - t)
+                elif op == SCHED1:
                     known = self.hashes[seq]
                     if len(known) != y:
                         known.extend(x[len(known):y])
                     t = clock()
                     found = alloc.find_cached_blocks_prefix(known)
-                    lat.append(clock() - t)
-                    ncached[seq] = len(found)
-                elif op == COMMON1:
-                    arg = [ids[seq][:ncached[seq]]]
+                    samples["find_cached_blocks_prefix"].append(clock() - t)
+                    arg = [ids[seq][:len(found)]]
                     t = clock()
                     alloc.get_common_computed_block_ids(arg)
-                    lat.append(clock() - t)
+                    samples["get_common_computed_block_ids"].append(clock() - t)
                 elif op == FREE_COUNT:
                     t = clock()
                     count = alloc.get_num_free_blocks()
-                    lat.append(clock() - t)
+                    samples["get_num_free_blocks"].append(clock() - t)
                     self.answers.append(count)
                 elif op == MARK_COMPUTED:
                     t = clock()
                     alloc.mark_blocks_as_computed(nothing)
-                    lat.append(clock() - t)
+                    samples["mark_blocks_as_computed"].append(clock() - t)
                 elif op == FREE_SEQ:
+                    lat = samples["free"]
                     for block in blocks[seq]:
                         t = clock()
                         alloc.free(block)
@@ -407,38 +425,52 @@ class Machine:
                     blocks[seq] = []
                     ids[seq] = []
                     self.hashes[seq] = []
+                elif op == ALLOC_MUT:
+                    chain = blocks[seq]
+                    prev = chain[-1] if chain else None
+                    t = clock()
+                    block = alloc.allocate_mutable_block(prev, x)
+                    samples["allocate_mutable_block"].append(clock() - t)
+                    chain.append(block)
+                    ids[seq].append(block.block_id)
+                    self.out_ids.append(block.block_id)
                 elif op == MARK_ACCESSED:
+                    ids[seq] = [block.block_id for block in blocks[seq]]
+                    self.out_ids.extend(ids[seq])
                     t = clock()
                     alloc.mark_blocks_as_accessed(ids[seq], x)
-                    lat.append(clock() - t)
-                else:
+                    samples["mark_blocks_as_accessed"].append(clock() - t)
+                elif op == ALLOC_IMM:
+                    chain = blocks[seq]
+                    prev = chain[-1] if chain else None
                     t = clock()
-                    if op == ALLOC_MUT:
-                        chain = blocks[seq]
-                        block = alloc.allocate_mutable_block(chain[-1] if chain else None, x)
-                        lat.append(clock() - t)
-                        chain.append(block)
-                        ids[seq].append(block.block_id)
-                        self.out_ids.append(block.block_id)
-                    elif op == ALLOC_IMM:
-                        chain = blocks[seq]
-                        new = alloc.allocate_immutable_blocks(chain[-1] if chain else None, x, y)
-                        lat.append(clock() - t)
-                        chain.extend(new)
-                        new_ids = [b.block_id for b in new]
-                        ids[seq].extend(new_ids)
-                        self.out_ids.extend(new_ids)
-                    else:
-                        self._rare(op, seq, x, y)
-                        lat.append(clock() - t)
+                    new = alloc.allocate_immutable_blocks(prev, x, y)
+                    samples["allocate_immutable_blocks"].append(clock() - t)
+                    chain.extend(new)
+                    ids[seq].extend([block.block_id for block in new])
+                    self.out_ids.extend(ids[seq][-len(new):] if new else [])
+                elif op == FIND_CACHED:
+                    known = self.hashes[seq]
+                    if len(known) != y:
+                        known.extend(x[len(known):y])
+                    t = clock()
+                    found = alloc.find_cached_blocks_prefix(known)
+                    samples["find_cached_blocks_prefix"].append(clock() - t)
+                    self.ncached[seq] = len(found)
+                elif op == COMMON:
+                    arg = [ids[s][:self.ncached[s]] for s in x]
+                    t = clock()
+                    alloc.get_common_computed_block_ids(arg)
+                    samples["get_common_computed_block_ids"].append(clock() - t)
+                else:
+                    # the rare ones: timed with the driver's bookkeeping around them
+                    t = clock()
+                    self._step(op, seq, x, y)
+                    samples[CALLS[op][0]].append(clock() - t)
             except Exception as exc:
                 raise ReplayError(self.position + position, instructions[position], exc) from exc
         self.position += len(instructions)
-        merged: Dict[str, List[int]] = {}
-        for op, values in samples.items():
-            if values:
-                merged.setdefault(CALL_NAMES[op], []).extend(values)
-        return merged
+        return {name: values for name, values in samples.items() if values}
 
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the ids handed out so far, in order."""

@@ -14,10 +14,12 @@ Exit codes: 0 no violation, 1 a violation, 2 a usage error.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import multiprocessing
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -78,7 +80,8 @@ def open_database(spec: Optional[str]) -> Optional[ExampleDatabase]:
         import redis
         from hypothesis.extra.redis import RedisExampleDatabase
 
-        return RedisExampleDatabase(redis.Redis.from_url(spec), expire_after=None)
+        return RedisExampleDatabase(redis.Redis.from_url(spec),
+                                    expire_after=datetime.timedelta(days=30))
     return DirectoryBasedExampleDatabase(spec)
 
 
@@ -120,7 +123,10 @@ def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Ou
     database = open_database(args.database)
     outcome = Outcome()
     start = time.monotonic()
-    batch = 0
+    # Seed Hypothesis's own source of per-run seeds (what it uses when no seed
+    # is forced), so a campaign is reproducible and still uses the database.
+    hypothesis.core.threadlocal._hypothesis_global_random = random.Random(
+        args.seed * 1_000_003 + worker)
     budget_examples = args.examples if args.examples is not None else (
         None if args.seconds is not None else base.max_examples)
     while True:
@@ -132,8 +138,6 @@ def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Ou
         size = BATCH_EXAMPLES
         if budget_examples is not None:
             size = max(1, min(size, budget_examples - stats.examples))
-        hypothesis.core.global_force_seed = (args.seed * 1_000_003 + worker) * 7919 + batch
-        batch += 1
         run_settings = settings(base, max_examples=size, database=database, derandomize=False,
                                 print_blob=False)
         try:
@@ -148,7 +152,6 @@ def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Ou
             outcome.violations += [_report(v, args) for v in found]
             break
         finally:
-            hypothesis.core.global_force_seed = None
             if progress is not None:
                 progress(stats)
     outcome.steps, outcome.examples = stats.steps, stats.examples
@@ -217,6 +220,7 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
 
 def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(stderr=False)
@@ -234,7 +238,8 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
     if not outcome.violations:
         console.print("[green]no violation[/]")
     for violation in outcome.violations:
-        console.print(f"[red]VIOLATION[/] [{violation['category']}] {violation['message']}")
+        console.print(f"[red]VIOLATION[/] {escape(violation['category'])}: "
+                      f"{escape(violation['message'])}")
         if violation.get("program"):
             console.print("shortest failing program found:")
             console.print(violation["program"], markup=False, highlight=False)

@@ -337,10 +337,11 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
                 self.swapped.remove(seq)
                 self.seqs.append(seq)
 
-        @precondition(lambda self: self.seqs)
+        @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
         @rule(data=st.data())
         def copy_on_write(self, data: st.DataObject) -> None:
-            """Ask for a writable id for a sequence's last block."""
+            """Ask for a writable id for a sequence's last block (a device
+            pair has no such call: its Blocks copy on append)."""
             seq = self.pick(data, self.seqs)
             self.run("cow_block_if_not_appendable", block=seq.names[-1])
 
@@ -449,7 +450,8 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
             @rule(data=st.data())
             def mistake_foreign_block(self, data: st.DataObject) -> None:
                 """A Block of another allocator."""
-                op = data.draw(st.sampled_from(["free", "fork", "append_token_ids"]))
+                ops = ["free", "fork"] + (["cow"] if self.d.kind != "cpu_gpu" else [])
+                op = data.draw(st.sampled_from(ops))
                 if op == "free":
                     self.run("free", block="@foreign")
                 elif op == "fork":
@@ -457,7 +459,7 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
                 else:
                     self.run("cow_block_if_not_appendable", block="@foreign")
 
-            @precondition(lambda self: self.seqs)
+            @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
             @rule(data=st.data())
             def mistake_promote(self, data: st.DataObject) -> None:
                 """Promote a block by hand (blocks promote themselves)."""

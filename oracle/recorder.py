@@ -238,7 +238,8 @@ class _Player:
             return [tuple(p) for p in result or []]
         return result
 
-    def get_num_free_blocks(self, device: Any = None) -> int:
+    def recorded_free_count(self, device: Any = None) -> int:
+        """The free count recorded after the last answered call."""
         if isinstance(self._free, dict):
             return int(self._free[str(getattr(device, "name", device))])
         return int(self._free)

@@ -10,7 +10,8 @@ public ``all_block_ids`` and ``get_num_free_blocks()``, always through
 prefixcache.impl and vLLM 0.8.5's ``PrefixCachingBlockAllocator`` alike.
 
 Naming content.  An allocator stores content *hashes*; the abstract state names
-content by its exact key (extra hash, every token from the first block).  A
+content by its exact key (the extra hash and the exact tokens of every block
+from the first one: one ``(extra_hash, tokens)`` pair per block).  A
 :class:`ContentLedger` remembers, for every hashed Block it has been shown, the
 hash and the key the Block's chain spells, so that ids without a live Block
 (evictable ids) can be named too.  A hash shown with two different keys is a
@@ -84,24 +85,27 @@ def _chain(block: Any) -> List[Any]:
     return chain
 
 
+def _pair(block: Any) -> Tuple[Optional[int], Tuple[int, ...]]:
+    """One block's own part of a content key: its extra hash and its tokens."""
+    return (getattr(block, "extra_hash", None), tuple(getattr(block, "token_ids", ())))
+
+
 def content_key_of(block: Any) -> ContentKey:
-    """Return the content key a Block spells: its ``extra_hash`` and every
-    token of its chain from the first block through itself.  Pure: reads
-    ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
-    tokens: List[int] = []
-    for b in _chain(block):
-        tokens.extend(getattr(b, "token_ids", ()))
-    return (getattr(block, "extra_hash", None), tuple(tokens))
+    """Return the content key a Block spells: one ``(extra_hash, tokens)``
+    pair per block of its chain, from the first block through itself.  Pure:
+    reads ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
+    return tuple(_pair(b) for b in _chain(block))
 
 
 def chain_keys(last_block: Any) -> List[Tuple[Any, ContentKey]]:
     """Return ``(block, key)`` for every block of the chain that ends at
-    ``last_block``, first block first, in one pass over the chain."""
+    ``last_block``, first block first, in one pass over the chain (each key
+    is its predecessor's key plus the block's own pair)."""
     out: List[Tuple[Any, ContentKey]] = []
-    tokens: List[int] = []
+    key: ContentKey = ()
     for b in _chain(last_block):
-        tokens.extend(getattr(b, "token_ids", ()))
-        out.append((b, (getattr(b, "extra_hash", None), tuple(tokens))))
+        key = key + (_pair(b),)
+        out.append((b, key))
     return out
 
 

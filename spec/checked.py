@@ -175,14 +175,15 @@ class Checker:
             return None
         return content_key_of(block)
 
-    def prefix_of(self, prev_block: Any) -> Optional[Tuple[int, ...]]:
-        """The tokens before a new block chained after ``prev_block``, or
-        None when ``prev_block`` is not hashed (then nothing after it is)."""
+    def prefix_of(self, prev_block: Any) -> Optional[ContentKey]:
+        """The content key a new block chained after ``prev_block`` extends
+        (``()`` for a first block), or None when ``prev_block`` is not hashed
+        (then nothing after it is)."""
         if prev_block is None:
             return ()
         if getattr(prev_block, "content_hash", None) is None:
             return None
-        return content_key_of(prev_block)[1]
+        return content_key_of(prev_block)
 
     def new_keys(
         self, prev_block: Any, lists: Iterable[Any], extra_hash: Any
@@ -197,8 +198,8 @@ class Checker:
                 prefix = None
                 keys.append(None)
                 continue
-            prefix = prefix + tuple(tokens)
-            keys.append((extra_hash, prefix))
+            prefix = prefix + ((extra_hash, tuple(tokens)),)
+            keys.append(prefix)
         return keys
 
     def observe(self, *objs: Any) -> None:
@@ -408,7 +409,7 @@ def _a_append(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn
     if i is not None and n == room and n > 0:
         prefix = c.prefix_of(block.prev_block)
         if prefix is not None:
-            full_key = (block.extra_hash, prefix + tuple(block.token_ids) + tuple(tokens))
+            full_key = prefix + ((block.extra_hash, tuple(block.token_ids) + tuple(tokens)),)
     return (lambda s: C.pre_append_token_ids(s, i, immutable, room, n, full_key),
             lambda o, n_, r: C.post_append_token_ids(o, n_, block.block_id, i, immutable,
                                                      room, n, full_key),

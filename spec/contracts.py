@@ -154,7 +154,8 @@ def release(s: AbstractState, i: BlockId, n: int = 1) -> Step:
         return (s2, i, frozenset({i}))
     blocks[i] = BlockState(refcount=0, content=b.content, computed=i not in s.touched,
                            last_accessed=b.last_accessed)
-    entry = EvictorEntry(b.last_accessed, len(b.content[1]), i, b.content)
+    tokens = sum(len(toks) for _, toks in b.content)
+    entry = EvictorEntry(b.last_accessed, tokens, i, b.content)
     s2 = replace(
         s,
         blocks=blocks,

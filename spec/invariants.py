@@ -97,16 +97,18 @@ def content_is_cached(s: AbstractState) -> bool:
 
 
 def content_whole_blocks(s: AbstractState) -> bool:
-    """Every content key covers one or more whole blocks (skipped when the
-    block size is not recorded)."""
+    """Every content key names one or more blocks, each holding exactly one
+    block of tokens (skipped when the block size is not recorded)."""
     size = s.block_size
     if size <= 0:
         return True
     for b in s.blocks.values():
         if b.content is not None:
-            n = len(b.content[1])
-            if n == 0 or n % size != 0:
+            if len(b.content) == 0:
                 return False
+            for _, tokens in b.content:
+                if len(tokens) != size:
+                    return False
     return True
 
 
@@ -132,7 +134,7 @@ def evictor_entries_match(s: AbstractState) -> bool:
         b = s.blocks.get(e.block_id)
         if b is None or b.content != e.content or b.last_accessed != e.last_accessed:
             return False
-        if e.num_hashed_tokens != len(e.content[1]):
+        if e.num_hashed_tokens != sum(len(tokens) for _, tokens in e.content):
             return False
     return True
 
@@ -271,7 +273,6 @@ CATEGORIES: Mapping[str, Tuple[str, ...]] = {
         "mutable_not_computed",
         "touched_hold_content",
         "touched_not_computed",
-    "untouched_content_computed",
         "untouched_content_computed",
     ),
     "bookkeeping": ("copy_on_writes_well_formed", "hit_counts_non_negative"),

@@ -3,8 +3,9 @@
 Everything the spec says is said about an :class:`AbstractState`.  The model
 keeps one; the abstraction function (spec/abstraction.py) reads one out of
 any allocator with vLLM-shaped internals.  Content is named by a
-:data:`ContentKey` -- the extra hash plus the exact token prefix from the first
-block -- never by a hash, so two different contents can never look equal here.
+:data:`ContentKey` -- the extra hash and the exact tokens of every block from
+the first one -- never by a hash, so two different contents can never look
+equal here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,13 @@ from typing import Mapping, Optional, Tuple
 
 BlockId = int
 Tokens = Tuple[int, ...]
-#: (extra_hash, every token from the first block to the end of this block)
-ContentKey = Tuple[Optional[int], Tokens]
+#: The exact content of a full block whose chain is hashed: the extra hash and
+#: the exact tokens of every block from the first one, as a tuple of
+#: ``(extra_hash, tokens)`` pairs, one per block, first block first, this
+#: block last.  Two chains are the same content exactly when every block
+#: carries the same extra hash and the same tokens (what a vLLM block hash,
+#: which chains each block's own extra hash, distinguishes).  Never a hash.
+ContentKey = Tuple[Tuple[Optional[int], Tokens], ...]
 
 #: The ``last_accessed`` of an id that was never marked accessed since it was
 #: (re)allocated: vLLM's ``_DEFAULT_LAST_ACCESSED_TIME``.
@@ -39,7 +45,9 @@ class BlockState:
 @dataclass(frozen=True, order=True)
 class EvictorEntry:
     """One evictable id, fields in the order that defines the eviction order
-    except that ``num_hashed_tokens`` counts with the opposite sign."""
+    except that ``num_hashed_tokens`` counts with the opposite sign.
+    ``num_hashed_tokens`` is the number of tokens ``content`` covers: the
+    tokens of every block of its chain."""
 
     last_accessed: float
     num_hashed_tokens: int

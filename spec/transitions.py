@@ -1,11 +1,28 @@
-"""The life cycle of one physical id: its states and the operations that move it.
+"""The life cycles: of a physical id, and of a Block object.
 
-An id is always in exactly one :class:`Life` state, read off the abstract
-state by :func:`life_of`.  :data:`TRANSITIONS` lists every edge with the
-operation that causes it; :func:`mermaid` draws the table as a Mermaid
-``stateDiagram-v2`` for SPEC.md, so the picture is generated from the same
-table the tests check (:func:`allowed` says whether an observed move of an id
-between two states is an edge of the table).
+Two different things have a life cycle, and SPEC.md draws both.
+
+* A **physical id** (a slot of KV cache) is always in exactly one
+  :class:`Life` state between two calls, read off the abstract state by
+  :func:`life_of`: free, mutable, immutable (in use, cached) or evictable.
+  Within one call an evictable id may also pass through the transient state
+  *evicted*: chosen as the victim, its content leaves the cache and the same
+  call reuses the id (or ``reset_prefix_cache`` puts it back on the free
+  list).  :data:`TRANSITIONS` lists every edge with the operation that
+  causes it; :func:`allowed` says whether an observed move of an id between
+  two calls is a path of the table (through the transient state if need
+  be).
+* A **Block** (the caller's handle: tokens, a link to the previous block, and
+  the id it is on) is :class:`BlockLife` mutable or immutable while attached
+  to an id, *swapped out* after ``swap_out`` (detached, keeping its tokens
+  and content, until ``swap_in`` attaches it to an id again, maybe another
+  one, maybe on another device), or *freed*.  :data:`BLOCK_TRANSITIONS`
+  lists its edges.  Swapping is a state of the Block, never of the id: to
+  the id, ``swap_out`` is a ``free`` and ``swap_in`` an allocation.
+
+:func:`mermaid` and :func:`block_mermaid` draw the two tables as Mermaid
+``stateDiagram-v2`` text for SPEC.md, so the pictures are generated from the
+same tables the tests check.
 """
 
 from __future__ import annotations
@@ -18,7 +35,7 @@ from .state import AbstractState, BlockId
 
 
 class Life(enum.Enum):
-    """The four states of a physical id."""
+    """The states of a physical id: four between calls, one transient."""
 
     FREE = "free"
     """No reference, no content: in the free list."""
@@ -29,10 +46,21 @@ class Life(enum.Enum):
     EVICTABLE = "evictable"
     """No reference, still cached, in the evictor: a hit revives it; when no
     id is free it is evicted (its content leaves the cache) and reused."""
+    EVICTED = "evicted"
+    """Transient, within one call: an evictable id chosen as the victim (the
+    first in eviction order when no id is free, or every evictable id on
+    ``reset_prefix_cache``).  Its content leaves the cache and the evictor;
+    the same call reuses the id or frees it.  Never seen between calls:
+    :func:`life_of` does not return it."""
+
+
+TRANSIENT: frozenset[Life] = frozenset({Life.EVICTED})
+"""States an id passes through only within a call."""
 
 
 def life_of(s: AbstractState, i: BlockId) -> Life:
-    """Return the life-cycle state of id ``i`` in ``s``."""
+    """Return the life-cycle state of id ``i`` in ``s`` (never a transient
+    one)."""
     b = s.blocks.get(i)
     if b is None:
         return Life.FREE
@@ -52,7 +80,7 @@ class Transition:
     condition: str
 
 
-F, M, IM, E = Life.FREE, Life.MUTABLE, Life.IMMUTABLE, Life.EVICTABLE
+F, M, IM, E, EV = Life.FREE, Life.MUTABLE, Life.IMMUTABLE, Life.EVICTABLE, Life.EVICTED
 
 TRANSITIONS: Tuple[Transition, ...] = (
     # free ->
@@ -93,26 +121,42 @@ TRANSITIONS: Tuple[Transition, ...] = (
     Transition(E, IM, "swap_in", "a hit revives it"),
     Transition(E, IM, "append_token_ids", "a duplicate promotion revives it"),
     Transition(E, IM, "promote_to_immutable_block", "a duplicate promotion revives it"),
-    Transition(E, IM, "allocate_immutable_block",
-               "no id is free: evicted and reused for a miss's new content"),
-    Transition(E, M, "allocate_mutable_block",
-               "no id is free and it is first in eviction order: evicted and reused"),
-    Transition(E, M, "cow_block_if_not_appendable", "evicted to be the copy's new id"),
-    Transition(E, M, "append_token_ids", "evicted to be a copy-on-write's new id"),
-    Transition(E, M, "swap_in", "evicted for a Block without content hash"),
-    Transition(E, F, "reset_prefix_cache", "no id is in use: every evictable id is evicted"),
-    Transition(E, F, "append_token_ids",
-               "evicted for a copy-on-write, then released by a duplicate promotion"),
+    Transition(E, EV, "allocate_mutable_block",
+               "no id is free and it is first in eviction order"),
+    Transition(E, EV, "allocate_immutable_block", "a miss, no id is free, it is first"),
+    Transition(E, EV, "allocate_immutable_blocks", "a miss, no id is free, it is first"),
+    Transition(E, EV, "cow_block_if_not_appendable", "no id is free for the copy, it is first"),
+    Transition(E, EV, "append_token_ids",
+               "no id is free for a copy-on-write, it is first"),
+    Transition(E, EV, "swap_in", "no id is free for a Block, it is first"),
+    Transition(E, EV, "reset_prefix_cache", "no id is in use: every evictable id is evicted"),
+    # evicted (transient) ->
+    Transition(EV, M, "allocate_mutable_block", "reused as the new mutable block"),
+    Transition(EV, M, "cow_block_if_not_appendable", "reused as the copy's new id"),
+    Transition(EV, M, "append_token_ids", "reused as a copy-on-write's new id"),
+    Transition(EV, M, "swap_in", "reused for a Block without content hash"),
+    Transition(EV, IM, "allocate_immutable_block", "reused for the miss's new content"),
+    Transition(EV, IM, "allocate_immutable_blocks", "reused for a miss's new content"),
+    Transition(EV, IM, "swap_in", "reused for a hashed Block that misses"),
+    Transition(EV, IM, "append_token_ids",
+               "reused for a copy-on-write that the append fills with new content"),
+    Transition(EV, F, "reset_prefix_cache", "put back on the free list"),
+    Transition(EV, F, "append_token_ids",
+               "reused for a copy-on-write, then released by a duplicate promotion"),
 )
 """Every edge of an id's life cycle, with the operation that takes it."""
 
 
-_DESCRIPTIONS = {
-    F: "no reference, no content",
-    M: "in use, no content",
-    IM: "in use, cached content",
-    E: "no reference, cached, in the evictor",
+DESCRIPTIONS: Dict[Life, str] = {
+    F: "no reference, no content: in the free list",
+    M: "in use, no content: being written",
+    IM: "in use, cached content: shared read-only",
+    E: "no reference, still cached: in the evictor",
+    EV: "transient, within one call: its content leaves the cache",
 }
+"""One line per id state, as the pictures show it."""
+
+_NAMES = {F: "Free", M: "Mutable", IM: "Immutable", E: "Evictable", EV: "Evicted"}
 
 
 def edges() -> Dict[Tuple[Life, Life], List[str]]:
@@ -127,26 +171,158 @@ def edges() -> Dict[Tuple[Life, Life], List[str]]:
 
 
 def allowed(source: Life, target: Life, operation: Optional[str] = None) -> bool:
-    """Return whether an id may move from ``source`` to ``target`` (by
-    ``operation`` when given); staying put is always allowed."""
+    """Return whether one call may move an id from ``source`` to ``target``
+    (by ``operation`` when given): an edge of the table, or two edges
+    through a transient state taken by the same operation.  Staying put is
+    always allowed."""
     if source == target:
         return True
-    ops = edges().get((source, target))
-    return ops is not None and (operation is None or operation in ops)
+    table = edges()
+
+    def step(a: Life, b: Life) -> bool:
+        ops = table.get((a, b))
+        return ops is not None and (operation is None or operation in ops)
+
+    return step(source, target) or any(
+        step(source, mid) and step(mid, target) for mid in TRANSIENT)
+
+
+def _label(ops: List[str]) -> str:
+    return "<br/>".join(ops)
 
 
 def mermaid() -> str:
-    """Return the transition table as Mermaid ``stateDiagram-v2`` text: one
-    arrow per (source, target) pair, labelled with its operations."""
-    names = {F: "Free", M: "Mutable", IM: "Immutable", E: "Evictable"}
-    lines = ["stateDiagram-v2", "    [*] --> Free"]
+    """Return the id table as Mermaid ``stateDiagram-v2`` text: one state
+    per :class:`Life` with its description, one arrow per (source, target)
+    pair labelled with its operations; the transient state drawn dashed."""
+    lines = ["stateDiagram-v2", "    direction LR", "    [*] --> Free"]
     for life in Life:
-        lines.append(f"    {names[life]} : {_DESCRIPTIONS[life]}")
+        lines.append(f"    {_NAMES[life]} : {_NAMES[life]}<br/>{DESCRIPTIONS[life]}")
     for (src, dst), ops in edges().items():
         if src == dst:
             continue
-        lines.append(f"    {names[src]} --> {names[dst]} : {'<br/>'.join(ops)}")
+        lines.append(f"    {_NAMES[src]} --> {_NAMES[dst]} : {_label(ops)}")
+    lines.append("    classDef transient stroke-dasharray: 5 5")
+    for life in sorted(TRANSIENT, key=lambda x: x.value):
+        lines.append(f"    class {_NAMES[life]} transient")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["TRANSITIONS", "Life", "Transition", "allowed", "edges", "life_of", "mermaid"]
+# --------------------------------------------------------------------------
+# the life of a Block object
+
+
+class BlockLife(enum.Enum):
+    """The states of a Block object (the caller's handle)."""
+
+    MUTABLE = "mutable"
+    """Attached to an id, no content yet: takes appended tokens."""
+    IMMUTABLE = "immutable"
+    """Attached to an id, full and hashed: its content is cached on that id."""
+    SWAPPED_OUT = "swapped out"
+    """Detached by ``swap_out``: holds no id (its reference was dropped) but
+    keeps its tokens, its link to the previous block and its content, until
+    ``swap_in`` (of this allocator or, through ``CpuGpuBlockAllocator.swap``,
+    of the other device's) attaches it to an id again."""
+    FREED = "freed"
+    """Detached by ``free``: holds no id; the caller must drop it (the
+    allocator's pool may hand the same object out again)."""
+
+
+@dataclass(frozen=True)
+class BlockTransition:
+    """One edge of a Block's life: ``operation`` moves a Block from
+    ``source`` to ``target`` (None: the Block does not exist yet, or any
+    more) when ``condition`` holds."""
+
+    source: Optional[BlockLife]
+    target: Optional[BlockLife]
+    operation: str
+    condition: str
+
+
+BM, BI, BS, BF = BlockLife.MUTABLE, BlockLife.IMMUTABLE, BlockLife.SWAPPED_OUT, BlockLife.FREED
+
+BLOCK_TRANSITIONS: Tuple[BlockTransition, ...] = (
+    BlockTransition(None, BM, "allocate_mutable_block", "a new empty Block on a fresh id"),
+    BlockTransition(None, BM, "fork", "the copy of a mutable Block, on the same id"),
+    BlockTransition(None, BI, "allocate_immutable_block",
+                    "a new full Block: on the cached id (a hit) or a fresh one (a miss)"),
+    BlockTransition(None, BI, "allocate_immutable_blocks", "the same, per token list"),
+    BlockTransition(None, BI, "fork", "the copy of an immutable Block, on the same id"),
+    BlockTransition(BM, BM, "append_token_ids",
+                    "it does not become full and hashable (a shared id is copied first)"),
+    BlockTransition(BM, BM, "cow_block_if_not_appendable",
+                    "its id is shared: it moves to a new id"),
+    BlockTransition(BM, BI, "append_token_ids",
+                    "it becomes full and hashable: its id is promoted, or it moves to the "
+                    "id that already caches that content"),
+    BlockTransition(BM, BI, "promote_to_immutable_block", "it is full and hashable"),
+    BlockTransition(BM, BS, "swap_out", "its reference is dropped; it keeps its tokens"),
+    BlockTransition(BI, BS, "swap_out", "its reference is dropped; it keeps its content"),
+    BlockTransition(BM, BF, "free", "its reference is dropped"),
+    BlockTransition(BI, BF, "free", "its reference is dropped: the id may stay cached"),
+    BlockTransition(BS, BS, "append_token_ids", "its tokens grow; no id is touched"),
+    BlockTransition(BS, BM, "swap_in", "without content hash: it takes a fresh id"),
+    BlockTransition(BS, BI, "swap_in",
+                    "with content hash: the cached id (a hit) or a fresh one (a miss)"),
+    BlockTransition(BF, None, "(reused by the pool)",
+                    "the allocator may hand the same object out again"),
+)
+"""Every edge of a Block's life cycle, with the operation that takes it."""
+
+_BLOCK_NAMES = {BM: "Mutable", BI: "Immutable", BS: "SwappedOut", BF: "Freed"}
+BLOCK_DESCRIPTIONS: Dict[BlockLife, str] = {
+    BM: "attached to an id, no content",
+    BI: "attached to an id, content cached",
+    BS: "detached by swap_out, keeps its tokens and content",
+    BF: "detached by free, not to be used again",
+}
+"""One line per Block state, as the pictures show it."""
+
+
+def block_edges() -> Dict[Tuple[Optional[BlockLife], Optional[BlockLife]], List[str]]:
+    """Return (source, target) -> the operations that take that edge of a
+    Block's life, in table order, once each."""
+    out: Dict[Tuple[Optional[BlockLife], Optional[BlockLife]], List[str]] = {}
+    for t in BLOCK_TRANSITIONS:
+        ops = out.setdefault((t.source, t.target), [])
+        if t.operation not in ops:
+            ops.append(t.operation)
+    return out
+
+
+def block_mermaid() -> str:
+    """Return the Block table as Mermaid ``stateDiagram-v2`` text: one
+    state per :class:`BlockLife`, ``[*]`` for "no Block", one arrow per
+    (source, target) pair labelled with its operations."""
+    lines = ["stateDiagram-v2", "    direction LR"]
+    for life in BlockLife:
+        lines.append(f"    {_BLOCK_NAMES[life]} : {_BLOCK_NAMES[life]}<br/>"
+                     f"{BLOCK_DESCRIPTIONS[life]}")
+    for (src, dst), ops in block_edges().items():
+        if src == dst:
+            continue
+        a = "[*]" if src is None else _BLOCK_NAMES[src]
+        b = "[*]" if dst is None else _BLOCK_NAMES[dst]
+        lines.append(f"    {a} --> {b} : {_label(ops)}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "BLOCK_DESCRIPTIONS",
+    "BLOCK_TRANSITIONS",
+    "BlockLife",
+    "BlockTransition",
+    "DESCRIPTIONS",
+    "TRANSIENT",
+    "TRANSITIONS",
+    "Life",
+    "Transition",
+    "allowed",
+    "block_edges",
+    "block_mermaid",
+    "edges",
+    "life_of",
+    "mermaid",
+]

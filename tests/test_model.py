@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from prefixcache.impl import errors as err
 from prefixcache.model import ChoiceNotAllowed, DeviceModel, Handle, Model, ModelInvariantError
+from prefixcache.spec.invariants import check_all
 from prefixcache.spec.state import AbstractState
 
 
@@ -73,7 +74,7 @@ def test_chains_share_their_common_prefix_only() -> None:
     assert ids(m.allocate_immutable_blocks(None, [[1, 2], [5, 6]])) == [0, 2]
     # the same tokens under another extra hash are other content
     assert ids(m.allocate_immutable_blocks(None, [[1, 2]], extra_hash=7)) == [3]
-    assert m.state().cached[(None, (1, 2, 5, 6))] == 2
+    assert m.state().cached[((None, (1, 2)), (None, (5, 6)))] == 2
 
 
 # ----------------------------------------------------------------- eviction
@@ -91,7 +92,7 @@ def test_eviction_order_ties_deepest_block_first_then_smallest_id() -> None:
     assert m.get_num_free_blocks() == 4
     assert m.allocate_mutable_block(None).block_id == 3  # a free id before any eviction
     assert m.allocate_mutable_block(None).block_id == 1
-    assert (None, (1, 2, 3, 4)) not in m.state().cached
+    assert ((None, (1, 2)), (None, (3, 4))) not in m.state().cached
     assert m.allocate_mutable_block(None).block_id == 0
     assert m.allocate_mutable_block(None).block_id == 2
     assert m.state().cached == {}
@@ -144,7 +145,7 @@ def test_copy_on_write_records_the_pair_and_the_copy_is_promoted() -> None:
     assert (a.token_ids, b.token_ids) == ([1], [1, 2])
     s = m.state()
     assert s.copy_on_writes == ((0, 1),)
-    assert s.blocks[0].refcount == 1 and s.cached == {(None, (1, 2)): 1} and s.touched == {1}
+    assert s.blocks[0].refcount == 1 and s.cached == {((None, (1, 2)),): 1} and s.touched == {1}
     assert m.clear_copy_on_writes() == [(0, 1)] and m.clear_copy_on_writes() == []
     m.append_token_ids(a, [3])  # not shared: no copy
     assert a.block_id == 0 and m.state().copy_on_writes == ()
@@ -184,7 +185,7 @@ def test_a_block_after_a_non_full_block_has_no_content() -> None:
     m.append_token_ids(b, [7, 8])
     assert b.is_full and b.content_key is None and m.state().cached == {}
     m.append_token_ids(a, [2])  # a fills and is promoted; b still has no content
-    assert a.content_key == (None, (1, 2)) and b.content_key is None
+    assert a.content_key == ((None, (1, 2)),) and b.content_key is None
     unchanged(m, lambda: m.allocate_immutable_block(b, [5, 6]), err.UnhashableBlockError)
     m.append_token_ids(b, [])  # nothing to append: allowed
     unchanged(m, lambda: m.append_token_ids(b, [9]), err.BlockFullError)
@@ -192,17 +193,33 @@ def test_a_block_after_a_non_full_block_has_no_content() -> None:
 
 def test_mixed_extra_hash_chains_are_distinct_content() -> None:
     # vLLM hashes each block with its own extra hash, so these two chains end
-    # in different content, and the model keeps them apart (exact chain keys).
-    # The spec's ContentKey keeps one extra hash per chain and cannot tell
-    # them apart (content_is_cached would fire): a known gap in spec/state.py,
-    # hence the invariant checks are off here.
-    m = Model(4, 2, check_invariants=False)
+    # in different content; the spec's ContentKey keeps every block's extra
+    # hash, so the model (invariants checked after every call) keeps them apart.
+    m = Model(4, 2)
     a = m.allocate_immutable_block(None, [0, 1])
     b = m.allocate_immutable_block(a, [0, 0], extra_hash=1)
     c = m.allocate_immutable_block(None, [0, 1], extra_hash=1)
     d = m.allocate_immutable_block(c, [0, 0], extra_hash=1)
     assert ids([a, b, c, d]) == [0, 1, 2, 3] and m.state().hits == 0
-    assert b.key != d.key and b.content_key == d.content_key == (1, (0, 1, 0, 0))
+    assert b.content_key == b.key == ((None, (0, 1)), (1, (0, 0)))
+    assert d.content_key == d.key == ((1, (0, 1)), (1, (0, 0)))
+
+
+def test_chains_differing_only_in_a_first_extra_hash_get_different_keys() -> None:
+    # [1,2]/extra 1 then [3,4]/extra 2 vs [1,2]/extra 2 then [3,4]/extra 2:
+    # the same tokens and the same last extra hash, yet different content.
+    m = Model(4, 2)
+    x = m.allocate_immutable_blocks(m.allocate_immutable_block(None, [1, 2], 1), [[3, 4]], 2)[0]
+    y = m.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=2)[-1]
+    kx, ky = x.content_key, y.content_key
+    assert kx == ((1, (1, 2)), (2, (3, 4))) and ky == ((2, (1, 2)), (2, (3, 4)))
+    assert kx != ky and x.block_id != y.block_id and m.state().hits == 0
+    s = m.state()
+    assert s.cached[kx] == x.block_id and s.cached[ky] == y.block_id and len(s.cached) == 4
+    assert check_all(s, m.ownership()) == []
+    m.mark_blocks_as_computed([])
+    other = ((2, (1, 2)), (1, (3, 4)))  # same tokens, never cached
+    assert m.find_cached_blocks_prefix([kx[:1], kx, ky, other, ky]) == [kx[:1], kx, ky]
 
 
 # ------------------------------------------------------------------ queries
@@ -210,7 +227,11 @@ def test_mixed_extra_hash_chains_are_distinct_content() -> None:
 
 def test_find_cached_blocks_prefix_needs_cached_and_computed() -> None:
     m = Model(3, 2)
-    keys = [(None, (1, 2)), (None, (1, 2, 3, 4)), (None, (1, 2, 3, 4, 5, 6))]
+    keys = [
+        ((None, (1, 2)),),
+        ((None, (1, 2)), (None, (3, 4))),
+        ((None, (1, 2)), (None, (3, 4)), (None, (5, 6))),
+    ]
     a0, a1 = m.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
     assert m.find_cached_blocks_prefix(keys) == []  # promoted, not computed yet
     m.mark_blocks_as_computed([])
@@ -465,7 +486,7 @@ def test_device_pair_reset_stops_at_the_first_device_that_refuses() -> None:
     d.free(d.allocate_immutable_block(None, [1, 2], "gpu"))
     d.allocate_mutable_block(None, "cpu")
     assert d.reset_prefix_cache() is False
-    assert d.gpu.state().cached == {(None, (1, 2)): 0}  # the GPU was not attempted
+    assert d.gpu.state().cached == {((None, (1, 2)),): 0}  # the GPU was not attempted
     assert d.reset_prefix_cache("gpu") is True and d.gpu.state().cached == {}
 
 
@@ -482,8 +503,9 @@ def _toks(m: Model, rnd: random.Random) -> list[int]:
 
 
 def _extra(rnd: random.Random) -> int | None:
-    """One extra hash per walk (see test_mixed_extra_hash_chains_...)."""
-    return cast(Optional[int], getattr(rnd, "extra_hash", None))
+    """None or 1, chosen per call: chains mix extra hashes (see
+    test_mixed_extra_hash_chains_...)."""
+    return rnd.choice([None, 1])
 
 
 _OPS: dict[str, _Call] = {
@@ -507,7 +529,7 @@ _OPS: dict[str, _Call] = {
     "reset": lambda m, h, hs, r: m.reset_prefix_cache(),
     "touched": lambda m, h, hs, r: m.get_num_full_blocks_touched(hs),
     "find": lambda m, h, hs, r: m.find_cached_blocks_prefix(
-        [(_extra(r), tuple(_toks(m, r) + _toks(m, r)))]
+        [tuple((_extra(r), tuple(_toks(m, r))) for _ in range(r.randint(1, 2)))]
     ),
 }
 _WEIGHTS = {"mutable": 3, "immutable": 4, "immutables": 2, "append": 4, "free": 4, "fork": 2}
@@ -532,7 +554,6 @@ def test_random_walks_keep_the_invariants_and_fail_without_effect(
     check never fires, a failed call changes nothing, and the free count is
     exact (that many allocations succeed on a copy, one more fails)."""
     m = Model(num_blocks, size, strict=strict)
-    rnd.extra_hash = rnd.choice([None, 1])  # type: ignore[attr-defined]
     if not strict:
         m.chooser = lambda allowed: rnd.choice(sorted(allowed))
     handles: list[Handle] = []
@@ -563,3 +584,5 @@ def test_all_or_nothing_also_for_keyword_arguments() -> None:
     m.allocate_mutable_block(prev_block=None)
     unchanged(m, lambda: m.swap_in(blocks=[a, t]), err.NoFreeBlocksError)
     assert ids([a, t]) == [None, None]
+
+

@@ -26,6 +26,10 @@ from prefixcache.spec.abstraction import (
 from prefixcache.spec.invariants import check_all
 from prefixcache.spec.state import AbstractState, BlockState, EvictorEntry
 
+K12 = ((None, (1, 2)),)
+K1234 = ((None, (1, 2)), (None, (3, 4)))
+K78 = ((None, (7, 8)),)
+
 
 def _scenario() -> tuple[Any, List[Any], ContentLedger]:
     a: Any = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
@@ -49,13 +53,13 @@ def test_abstraction_after_operations() -> None:
         block_ids=(0, 1, 2, 3),
         free=(),
         blocks={
-            0: BlockState(2, (None, (1, 2)), True, -1.0),
-            1: BlockState(1, (None, (1, 2, 3, 4)), True, -1.0),
+            0: BlockState(2, K12, True, -1.0),
+            1: BlockState(1, K1234, True, -1.0),
             2: BlockState(1, None, False, -1.0),
-            3: BlockState(0, (None, (7, 8)), False, 2.0),
+            3: BlockState(0, K78, False, 2.0),
         },
-        cached={(None, (1, 2)): 0, (None, (1, 2, 3, 4)): 1, (None, (7, 8)): 3},
-        evictor=(EvictorEntry(2.0, 2, 3, (None, (7, 8))),),
+        cached={K12: 0, K1234: 1, K78: 3},
+        evictor=(EvictorEntry(2.0, 2, 3, K78),),
         touched=frozenset({3}),
         copy_on_writes=(),
         hits=1,
@@ -79,7 +83,7 @@ def test_evictable_ids_are_named_by_the_ledger_alone() -> None:
     a, live, ledger = _scenario()
     ledger.observe_blocks(live)
     s = abstract_state(a, ledger=ledger)     # no live Blocks: cache + ledger only
-    assert s.blocks[3].content == (None, (7, 8))
+    assert s.blocks[3].content == K78
     assert s.blocks[2].content is None
 
 
@@ -94,8 +98,8 @@ def test_unnamed_hash_raises() -> None:
 def test_contents_can_name_a_hash() -> None:
     a = PrefixCachingBlockAllocator(num_blocks=2, block_size=2)
     b: Any = a.allocate_immutable_block(None, [1, 2])
-    s = abstract_state(a, {b.block_id: (None, (1, 2))})
-    assert s.cached == {(None, (1, 2)): b.block_id}
+    s = abstract_state(a, {b.block_id: K12})
+    assert s.cached == {K12: b.block_id}
 
 
 def test_live_block_disagreeing_with_the_cache_breaks_integrity() -> None:
@@ -112,22 +116,52 @@ def test_content_key_walks_the_chain() -> None:
     chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=7)
     m = a.allocate_mutable_block(chain[-1], extra_hash=7)
     m.append_token_ids([5])
-    assert content_key_of(m) == (7, (1, 2, 3, 4, 5))
-    assert [k for _, k in chain_keys(m)] == [(7, (1, 2)), (7, (1, 2, 3, 4)), (7, (1, 2, 3, 4, 5))]
+    assert content_key_of(m) == ((7, (1, 2)), (7, (3, 4)), (7, (5,)))
+    assert [k for _, k in chain_keys(m)] == [
+        ((7, (1, 2)),),
+        ((7, (1, 2)), (7, (3, 4))),
+        ((7, (1, 2)), (7, (3, 4)), (7, (5,))),
+    ]
+    assert [b for b, _ in chain_keys(m)] == [*chain, m]
+
+
+def test_content_key_keeps_each_blocks_extra_hash() -> None:
+    # [1,2]/extra 1 then [3,4]/extra 2 vs [1,2]/extra 2 then [3,4]/extra 2: the
+    # same tokens and the same last extra hash, but vLLM chains each block's
+    # own extra hash, so the allocator caches them apart; the keys differ too.
+    a: Any = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    first = a.allocate_immutable_block(None, [1, 2], extra_hash=1)
+    x = a.allocate_immutable_block(first, [3, 4], extra_hash=2)
+    y = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=2)[-1]
+    kx, ky = content_key_of(x), content_key_of(y)
+    assert kx == ((1, (1, 2)), (2, (3, 4)))
+    assert ky == ((2, (1, 2)), (2, (3, 4)))
+    assert kx != ky and x.block_id != y.block_id
+    live = [first, x, y.prev_block, y]
+    ledger = ContentLedger()
+    s = abstract_state(a, ledger=ledger, live_blocks=live)
+    assert s.cached[kx] == x.block_id and s.cached[ky] == y.block_id
+    assert len(s.cached) == 4 and not ledger.collisions and not ledger.conflicts
+    assert check_all(s, ownership(live)) == []
+    for b in live:                       # evictable: named by the ledger alone
+        a.free(b)
+    s = abstract_state(a, ledger=ledger)
+    assert {e.content for e in s.evictor} >= {kx, ky}
+    assert check_all(s, ownership([])) == []
 
 
 def test_ledger_names_and_flags_collisions() -> None:
     ledger = ContentLedger()
-    assert ledger.observe(10, (None, (1, 2)))
-    assert ledger.observe(10, (None, (1, 2)))
+    assert ledger.observe(10, K12)
+    assert ledger.observe(10, K12)
     assert 10 in ledger and len(ledger) == 1
-    assert ledger.name(10) == (None, (1, 2))
-    assert ledger.hash_of((None, (1, 2))) == 10
-    assert not ledger.observe(10, (None, (3, 4)))
-    assert ledger.name(10) == (None, (1, 2))           # the first name stays
+    assert ledger.name(10) == K12
+    assert ledger.hash_of(K12) == 10
+    assert not ledger.observe(10, ((None, (3, 4)),))
+    assert ledger.name(10) == K12                      # the first name stays
     assert len(ledger.collisions) == 1
     assert "names two contents" in ledger.anomalies()[0]
-    ledger.observe(11, (None, (1, 2)))
+    ledger.observe(11, K12)
     assert len(ledger.aliases) == 1
 
 
@@ -150,7 +184,7 @@ def test_contents_of_records_shared_id_conflicts() -> None:
 
     ledger = ContentLedger()
     out = contents_of([FakeBlock(0, [1, 2], 5), FakeBlock(0, [1], None)], ledger)
-    assert out == {0: (None, (1, 2))}
+    assert out == {0: K12}
     assert len(ledger.conflicts) == 1
     assert ledger.anomalies()
 
@@ -194,7 +228,7 @@ def test_cpu_gpu_reader_gives_one_state_per_device() -> None:
     states = abstract_device_states(g, ledger=ledger, live_blocks=chain)
     assert set(states) == {"GPU", "CPU"}
     assert states["CPU"].block_ids == (3, 4)
-    assert states["CPU"].cached == {(None, (1, 2)): 3, (None, (1, 2, 3, 4)): 4}
+    assert states["CPU"].cached == {K12: 3, K1234: 4}
     assert [e.block_id for e in states["GPU"].evictor] == [1, 0]   # deepest first
     owners = ownership(chain)
     for s in states.values():

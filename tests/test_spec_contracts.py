@@ -31,9 +31,9 @@ from prefixcache.spec.invariants import check_all
 from prefixcache.spec.state import AbstractState, BlockState, EvictorEntry
 from prefixcache.spec.transitions import TRANSITIONS, Life, allowed, edges, life_of, mermaid
 
-K1 = (None, (1, 2))
-K2 = (None, (1, 2, 3, 4))
-K9 = (None, (9, 9))
+K1 = ((None, (1, 2)),)
+K2 = ((None, (1, 2)), (None, (3, 4)))
+K9 = ((None, (9, 9)),)
 
 
 def state() -> AbstractState:
@@ -175,7 +175,7 @@ def test_demand_counts_revived_and_new_ids() -> None:
     s = state()
     assert C.demand(s, [K1, K2, K9, K9, None]) == 3
     assert C.pre_allocate_immutable_blocks(s, [K1, K2])
-    assert not C.pre_allocate_immutable_blocks(s, [K9, (None, (9, 9, 1, 1)), K2])
+    assert not C.pre_allocate_immutable_blocks(s, [K9, ((None, (9, 9)), (None, (1, 1))), K2])
     assert not C.pre_allocate_immutable_blocks(s, [None])
 
 

@@ -10,10 +10,10 @@ import pytest
 from prefixcache.spec import invariants as inv
 from prefixcache.spec.state import AbstractState, BlockState, EvictorEntry
 
-A12 = (None, (1, 2))
-A1234 = (None, (1, 2, 3, 4))
-B78 = (None, (7, 8))
-C56 = (None, (5, 6))
+A12 = ((None, (1, 2)),)
+A1234 = ((None, (1, 2)), (None, (3, 4)))
+B78 = ((None, (7, 8)),)
+C56 = ((None, (5, 6)),)
 
 
 def valid() -> AbstractState:
@@ -65,12 +65,12 @@ BREAKERS: Dict[str, Callable[[AbstractState], AbstractState]] = {
         s, blocks=_blocks(s, b2=BlockState(-1, None, False, -1.0))),
     "counting": lambda s: replace(s, reported_free=4),
     "cached_content_matches": lambda s: replace(s, cached={**s.cached, A12: 2}),
-    "cached_ids_distinct": lambda s: replace(s, cached={**s.cached, (None, (9, 9)): 0}),
+    "cached_ids_distinct": lambda s: replace(s, cached={**s.cached, ((None, (9, 9)),): 0}),
     "content_is_cached": lambda s: replace(
         s, cached={k: v for k, v in s.cached.items() if k != A12}),
     "content_whole_blocks": lambda s: replace(
-        s, blocks=_blocks(s, b0=BlockState(1, (None, (1,)), True, -1.0)),
-        cached={(None, (1,)): 0, A1234: 1, B78: 3}),
+        s, blocks=_blocks(s, b0=BlockState(1, ((None, (1,)),), True, -1.0)),
+        cached={((None, (1,)),): 0, A1234: 1, B78: 3}),
     "evictable_hold_content": lambda s: replace(
         s, free=(4,), blocks=_blocks(s, b5=BlockState(0, None, True, -1.0))),
     "evictor_is_evictable": lambda s: replace(s, evictor=(), reported_free=2),
@@ -119,11 +119,31 @@ def test_the_second_evictable_in_order_is_valid() -> None:
 
 
 def test_eviction_order_ties_break_on_depth_then_id() -> None:
-    deep = EvictorEntry(1.0, 4, 7, (None, (1, 2, 3, 4)))
-    shallow = EvictorEntry(1.0, 2, 5, (None, (1, 2)))
-    same_depth = EvictorEntry(1.0, 2, 6, (None, (3, 4)))
+    deep = EvictorEntry(1.0, 4, 7, A1234)
+    shallow = EvictorEntry(1.0, 2, 5, A12)
+    same_depth = EvictorEntry(1.0, 2, 6, ((None, (3, 4)),))
     assert sorted([same_depth, shallow, deep], key=EvictorEntry.eviction_rank) == [
         deep, shallow, same_depth]
+
+
+@pytest.mark.parametrize("key", [
+    (),                                    # names no block
+    ((None, (1, 2, 3)), (None, (4,))),     # 4 tokens, but not one block each
+    ((None, (1, 2)), (None, ())),          # an empty block
+])
+def test_content_whole_blocks_checks_every_block_of_the_key(key: object) -> None:
+    s = valid()
+    bad = replace(s, blocks=_blocks(s, b0=BlockState(1, key, True, -1.0)),  # type: ignore[arg-type]
+                  cached={key: 0, A1234: 1, B78: 3})  # type: ignore[dict-item]
+    assert not inv.content_whole_blocks(bad)
+    assert inv.cached_content_matches(bad) and inv.content_is_cached(bad)
+
+
+def test_evictor_tokens_count_every_block_of_the_key() -> None:
+    s = valid()
+    deep = replace(s, blocks=_blocks(s, b3=BlockState(0, A1234, True, 3.0)))
+    assert not inv.evictor_entries_match(replace(deep, evictor=(EvictorEntry(3.0, 2, 3, A1234),)))
+    assert inv.evictor_entries_match(replace(deep, evictor=(EvictorEntry(3.0, 4, 3, A1234),)))
 
 
 def test_check_all_on_valid_state() -> None:

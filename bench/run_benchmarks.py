@@ -1,0 +1,228 @@
+"""Produce and record prefixcache's benchmark figures in bench/RESULTS.md.
+
+Runs, each in a fresh Python process (``python -m prefixcache.oracle.bench``,
+the same code as ``prefixcache bench``):
+
+1. prefixcache.impl against vLLM 0.8.5's own allocator on the default
+   workload (roomy 1,024-block and tight 256-block pools, 12 running,
+   block size 16), plus the flat-cost table from 1,000 to 1,000,000 blocks;
+2. the checked allocator (prefixcache.spec.checked) against the plain one
+   with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected;
+3. the same with contracts on, on a small workload (a contract check reads
+   the whole abstract state, so its cost grows with the pool).
+
+Usage::
+
+    python bench/run_benchmarks.py [--quick] [--out bench/RESULTS.md] [--keep-json DIR]
+
+``--quick`` shrinks every workload (a smoke of this script, not figures to
+record).  Exit code: 0, or 1 when a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAIN = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
+CHECKED = "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator"
+
+
+def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[str, Any]:
+    """Run one ``prefixcache bench`` in a child process; return its JSON."""
+    command = [sys.executable, "-m", "prefixcache.oracle.bench", *args, "--json", str(json_path)]
+    print("$", _shown(args, env), flush=True)
+    proc = subprocess.run(command, env={**os.environ, **env}, cwd=ROOT)
+    if proc.returncode not in (0, 1) or not json_path.is_file():
+        raise RuntimeError(f"the benchmark failed (exit {proc.returncode}): {command}")
+    document: Dict[str, Any] = json.loads(json_path.read_text())
+    document["exit_code"] = proc.returncode
+    document["shown_command"] = _shown(args, env)
+    return document
+
+
+def _shown(args: Sequence[str], env: Dict[str, str]) -> str:
+    prefix = " ".join(f"{key}={value}" for key, value in env.items())
+    return (prefix + " " if prefix else "") + "prefixcache bench " + " ".join(args)
+
+
+def _checked_available() -> bool:
+    try:
+        import prefixcache.spec.checked  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# -- rendering -------------------------------------------------------------------------
+
+
+def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
+    lines: List[str] = []
+    for pool in document["pools"]:
+        config = pool["config"]
+        stats = pool["workload"]
+        preemptions = stats["recompute_preemptions"] + stats["swap_preemptions"]
+        lines += [
+            f"**{pool['pool']} pool**: {config['num_blocks']:,} blocks of "
+            f"{config['block_size']} tokens, {config['max_running']} running, "
+            f"{stats['turns']} requests ({stats['conversations']} conversations, "
+            f"{stats['forks']} forks), {stats['steps']:,} scheduler steps, "
+            f"{preemptions} preemptions ({stats['swap_preemptions']} by swap), "
+            f"{pool['calls']:,} allocator calls.",
+            "",
+            "| target | best of repeats (s) | calls/s | ns/call | hit rate | id fingerprint |"
+            " answers |",
+            "|---|---:|---:|---:|---:|---|---|",
+        ]
+        for name, result in zip(names, pool["results"]):
+            if result["error"] and not result["seconds_all"]:
+                lines.append(f"| {name} | - | - | - | - | - | {result['error']} |")
+                continue
+            lines.append(
+                f"| {name} | {result['seconds']:.3f} | {result['calls_per_s']:,.0f} | "
+                f"{result['ns_per_call']:,.0f} | {result['hit_rate']:.4f} | "
+                f"`{result['fingerprint'][:16]}` | "
+                f"{'as planned' if result['answers_match'] else 'DIVERGED'} |")
+        if pool.get("ratio") is not None:
+            same = "identical" if pool["fingerprints_identical"] else "**different**"
+            lines += ["", f"Ratio {names[0]} / {names[1]}: **{pool['ratio']:.2f}x** calls/s; "
+                          f"id fingerprints {same}."]
+        latency_names = sorted({n for r in pool["results"] for n in r["latency"]},
+                               key=lambda n: -pool["calls_by_name"].get(n, 0))
+        if latency_names:
+            header = "| call | count | " + " | ".join(
+                f"{name} p50 | {name} p99" for name in names[:len(pool["results"])]) + " |"
+            lines += ["", "Latency per call, ns (timer overhead removed):", "", header,
+                      "|---|---:|" + "---:|" * (2 * len(pool["results"]))]
+            for call in latency_names:
+                cells = [call, f"{pool['calls_by_name'].get(call, 0):,}"]
+                for result in pool["results"]:
+                    kind = result["latency"].get(call)
+                    cells += ([f"{kind['p50_ns']:,}", f"{kind['p99_ns']:,}"]
+                              if kind else ["-", "-"])
+                lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _scaling_section(document: Dict[str, Any]) -> List[str]:
+    rows = document.get("scaling") or []
+    if not rows:
+        return []
+    fill = document.get("scaling_fill") or 0.0
+    lines = [
+        f"One program (planned for the smallest pool) on every pool size; before timing, "
+        f"{fill:.0%} of each pool is filled with cached, evictable blocks, so the cache "
+        f"map, the evictor and the per-id tables have the pool's size.",
+        "",
+        "| blocks | prefilled | calls/s | ns/call | x smallest |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        if row.get("error"):
+            lines.append(f"| {row['num_blocks']:,} | {row['prefilled']:,} | - | - | "
+                         f"{row['error']} |")
+            continue
+        lines.append(f"| {row['num_blocks']:,} | {row['prefilled']:,} | "
+                     f"{row['calls_per_s']:,.0f} | {row['ns_per_call']:,.0f} | "
+                     f"{row['relative']:.2f} |")
+    worst = max((row["relative"] for row in rows if not row.get("error")), default=0.0)
+    lines += ["", f"Largest per-call cost relative to the smallest pool: **{worst:.2f}x**.", ""]
+    return lines
+
+
+def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dict[str, Any]],
+           quick: bool) -> str:
+    """The text of RESULTS.md."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmark results",
+        "",
+        "Recorded by `python bench/run_benchmarks.py`" + (" --quick" if quick else "")
+        + f" on {now}: Python {platform.python_version()}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs.  A benchmark is not a test; these figures are what this "
+        "machine measured, with whatever else was running on it.",
+        "",
+        "How to read them: calls/s is the number of allocator calls of the replay divided by "
+        "the best wall time of the repeats (each repeat a fresh allocator; the driver's own "
+        "bookkeeping between calls is included, the same for every target).  The id "
+        "fingerprint is the SHA-256 of every id the target handed out, in order; equal "
+        "fingerprints mean the same ids in the same order.  'as planned' means the target "
+        "answered the scheduler's queries (free blocks, full blocks touched) exactly as the "
+        "planning allocator did, so the replay is the program a scheduler would have issued "
+        "to it.",
+        "",
+        "## prefixcache.impl against vLLM 0.8.5",
+        "",
+        "```",
+        main["shown_command"],
+        "```",
+        "",
+    ]
+    lines += _pool_section(main, ["prefixcache.impl", "vLLM 0.8.5"])
+    if main.get("scaling"):
+        lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
+                  "```", main["shown_command"], "```", ""]
+        lines += _scaling_section(main)
+    lines += ["## Contracts", ""]
+    if off is None or on is None:
+        lines += ["prefixcache.spec.checked was not importable: not measured.", ""]
+    else:
+        lines += ["Contracts off: the checked allocator's names are the impl's classes "
+                  "themselves.", "", "```", off["shown_command"], "```", ""]
+        lines += _pool_section(off, ["checked (contracts off)", "plain impl"])
+        lines += ["Contracts on (a smaller workload: each check reads the whole abstract "
+                  "state, so its cost grows with the pool):", "", "```", on["shown_command"],
+                  "```", ""]
+        lines += _pool_section(on, ["checked (contracts on)", "plain impl"])
+        ratio_on = on["pools"][0].get("ratio")
+        ratio_off = off["pools"][0].get("ratio")
+        if ratio_on and ratio_off:
+            lines += [f"Cost of the checked allocator relative to the plain one: contracts off "
+                      f"**{1 / ratio_off:.3f}x**, contracts on **{1 / ratio_on:,.0f}x**.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the benchmarks and write the results file; 0 or 1."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small workloads (a smoke)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"),
+                        help="where to write the results (bench/RESULTS.md)")
+    parser.add_argument("--keep-json", default=None, metavar="DIR",
+                        help="also keep the JSON of every run in DIR")
+    args = parser.parse_args(argv)
+    quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
+        if args.quick else []
+    with tempfile.TemporaryDirectory() as scratch:
+        out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "5", *quick],
+                          out_dir / "impl_vs_vllm.json", {})
+        off = on = None
+        if _checked_available():
+            off = _bench(["--target", CHECKED, "--against", PLAIN, "--tight-blocks", "0",
+                          "--repeats", "7", "--no-latency", *quick],
+                         out_dir / "contracts_off.json", {"PREFIXCACHE_CONTRACTS": "0"})
+            small = ["--requests", "4" if args.quick else "10", "--blocks", "256",
+                     "--tight-blocks", "0", "--repeats", "1", "--no-latency"]
+            on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
+                        out_dir / "contracts_on.json", {"PREFIXCACHE_CONTRACTS": "1"})
+    Path(args.out).write_text(render(main_run, off, on, args.quick) + "\n")
+    print(f"wrote {args.out}")
+    failed = any(doc is not None and doc["exit_code"] != 0 for doc in (main_run, off, on))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""find_cached_blocks_prefix with its memo (prefixcache.impl.prefix_memo)
+answers exactly what the definition says, whatever happened between two
+questions about the same list: evictions, hits, promotions, marking,
+resets, and the list itself growing, shrinking or changing in place."""
+
+from __future__ import annotations
+
+import random
+from typing import List
+
+import pytest
+
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
+from prefixcache.impl.prefix_memo import PrefixMemo
+
+
+def _by_definition(allocator: PrefixCachingBlockAllocator, hashes: List[int]) -> List[int]:
+    count = 0
+    for content_hash in hashes:
+        block_id = allocator._cached_blocks.get(content_hash)
+        if block_id is None or not allocator.block_is_computed(block_id):
+            break
+        count += 1
+    return hashes[:count]
+
+
+def _chain_hashes(allocator: PrefixCachingBlockAllocator, chain: List[List[int]]) -> List[int]:
+    hashes: List[int] = []
+    parent = None
+    for tokens in chain:
+        parent = allocator.content_hash_function(parent, tokens, None)
+        hashes.append(parent)
+    return hashes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_memo_answers_by_the_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    size = 2
+    allocator = PrefixCachingBlockAllocator(num_blocks=10, block_size=size)
+    held: List[object] = []
+    lists: List[List[int]] = []
+    for _ in range(600):
+        action = rng.random()
+        chain = [[rng.randrange(3) for _ in range(size)] for _ in range(rng.randint(1, 4))]
+        if action < 0.25 and allocator.get_num_free_blocks() >= len(chain) + 1:
+            blocks = allocator.allocate_immutable_blocks(None, chain)
+            held.extend(blocks)
+            if rng.random() < 0.5:
+                tail = allocator.allocate_mutable_block(blocks[-1])
+                tail.append_token_ids([rng.randrange(3) for _ in range(size)])  # promotes
+                held.append(tail)
+        elif action < 0.45 and held:
+            allocator.free(held.pop(rng.randrange(len(held))))  # type: ignore[arg-type]
+        elif action < 0.55:
+            allocator.mark_blocks_as_computed([])
+        elif action < 0.57 and not held:
+            assert allocator.reset_prefix_cache()
+        elif action < 0.65:
+            lists.append(_chain_hashes(allocator, chain))
+        elif action < 0.72 and lists:
+            target = lists[rng.randrange(len(lists))]
+            change = rng.random()
+            if change < 0.4:
+                target.extend(_chain_hashes(allocator, chain))
+            elif change < 0.7 and target:
+                target[rng.randrange(len(target))] = _chain_hashes(allocator, chain)[0]
+            elif target:
+                del target[rng.randrange(len(target)):]
+        for hashes in lists:
+            assert allocator.find_cached_blocks_prefix(hashes) == _by_definition(
+                allocator, hashes)
+        if lists:
+            as_tuple = tuple(lists[-1])
+            assert allocator.find_cached_blocks_prefix(as_tuple) == tuple(  # type: ignore[arg-type]
+                _by_definition(allocator, list(as_tuple)))
+
+
+def test_the_answer_is_a_new_list_and_the_argument_is_untouched() -> None:
+    allocator = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    blocks = allocator.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    allocator.mark_blocks_as_computed([])
+    hashes = [block.content_hash for block in blocks]
+    for _ in range(2):  # the second time from the memo
+        answer = allocator.find_cached_blocks_prefix(hashes)  # type: ignore[arg-type]
+        assert answer == hashes and answer is not hashes
+        answer.append(7)
+        assert len(hashes) == 2
+
+
+def test_the_memo_starts_over_past_its_limits() -> None:
+    memo = PrefixMemo(capacity=2, log_limit=3)
+    cached = {1: 0, 2: 1, 3: 2}
+    lists = [[1, 2], [2, 3], [3, 1]]
+    for hashes in lists:
+        assert memo.find(hashes, cached, set()) == hashes
+    assert len(memo._entries) <= 2
+    for content_hash in (1, 2, 3, 1):
+        del cached[content_hash]
+        memo.evicted(content_hash)
+        cached[content_hash] = 9
+    del cached[2]
+    memo.evicted(2)
+    assert memo.find(lists[0], cached, set()) == [1]
+    assert memo.find(lists[1], cached, set()) == []
+    assert memo.find(lists[2], cached, {9}) == []

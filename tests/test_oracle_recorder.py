@@ -1,0 +1,113 @@
+"""Production traces: record through the wrapper, judge offline."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, List
+
+from oracle_faults import FreesToTheRight
+
+from prefixcache.impl import errors as err
+from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
+from prefixcache.impl.interfaces import Device
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
+from prefixcache.oracle.recorder import RecordingAllocator
+from prefixcache.oracle.replay import replay
+from prefixcache.oracle.trace import Trace
+
+
+def serve(alloc: Any, block_size: int, seed: int, rounds: int = 60) -> None:
+    """A little engine: prompts that share a system prompt, decode appends,
+    forks, preemption by freeing, access marks, cache queries."""
+    rng = random.Random(seed)
+    system = [7] * (2 * block_size)
+    running: List[List[Any]] = []
+    now = 0.0
+    for _ in range(rounds):
+        now += 1
+        choice = rng.random()
+        if choice < 0.3 or not running:
+            prompt = system[: rng.choice([0, block_size, 2 * block_size])] + [
+                rng.randrange(3) for _ in range(rng.randrange(1, 2 * block_size))]
+            full = [prompt[i:i + block_size]
+                    for i in range(0, len(prompt) - block_size + 1, block_size)]
+            try:
+                blocks = alloc.allocate_immutable_blocks(None, full) if full else []
+                tail = prompt[len(full) * block_size:]
+                if tail:
+                    last = alloc.allocate_mutable_block(blocks[-1] if blocks else None)
+                    last.append_token_ids(tail)
+                    blocks.append(last)
+            except err.NoFreeBlocksError:
+                continue
+            if blocks:
+                running.append(blocks)
+        elif choice < 0.7:
+            seq = rng.choice(running)
+            try:
+                if seq[-1].is_full:
+                    seq.append(alloc.allocate_mutable_block(seq[-1]))
+                seq[-1].append_token_ids([rng.randrange(3)])
+            except err.NoFreeBlocksError:
+                pass
+        elif choice < 0.8:
+            seq = rng.choice(running)
+            running.append(alloc.fork(seq[-1]))
+        else:
+            seq = running.pop(rng.randrange(len(running)))
+            alloc.mark_blocks_as_accessed([b.block_id for b in seq], now)
+            for block in seq:
+                alloc.free(block)
+            alloc.mark_blocks_as_computed([])
+        alloc.get_num_free_blocks()
+    alloc.get_prefix_cache_hit_rate()
+    alloc.clear_copy_on_writes()
+
+
+def record(allocator: Any, seed: int) -> Trace:
+    recorder = RecordingAllocator(allocator, num_blocks=8, block_size=2)
+    serve(recorder, 2, seed)
+    return recorder.trace
+
+
+def test_a_recorded_run_of_the_impl_replays_clean_offline(tmp_path: Path) -> None:
+    trace = record(PrefixCachingBlockAllocator(num_blocks=8, block_size=2), seed=3)
+    assert len(trace.steps) > 60
+    assert all(step.expect is not None for step in trace.steps)
+    assert any(step.op == "append_token_ids" for step in trace.steps)
+    path = tmp_path / "recorded.json"
+    trace.save(path)
+    result = replay(Trace.load(path))
+    assert result.violation is None
+    assert result.steps_run == len(trace.steps)
+
+
+def test_a_tampered_recording_is_caught(tmp_path: Path) -> None:
+    trace = record(PrefixCachingBlockAllocator(num_blocks=8, block_size=2), seed=3)
+    step = next(s for s in trace.steps if s.op == "allocate_mutable_block" and s.expect)
+    name = step.out[0]
+    step.expect["ids"][name] = (step.expect["ids"][name] + 1) % 8  # type: ignore[index]
+    result = replay(Trace.from_json(trace.to_json()))
+    assert result.violation is not None
+    assert result.violation.category in ("conformance", "integrity")
+
+
+def test_a_recording_of_a_faulty_allocator_is_caught() -> None:
+    result = replay(record(FreesToTheRight(num_blocks=8, block_size=2), seed=5))
+    assert result.violation is not None
+    assert result.violation.category == "conformance"
+
+
+def test_a_device_pair_recording_replays_clean() -> None:
+    pair = CpuGpuBlockAllocator.create("prefix_caching", 4, 4, 2)
+    recorder = RecordingAllocator(pair, num_blocks=4, block_size=2, kind="cpu_gpu")
+    blocks = recorder.allocate_immutable_blocks(None, [[1, 2], [3, 4]], Device.GPU)
+    tail = recorder.allocate_mutable_block(blocks[-1], Device.GPU)
+    tail.append_token_ids([5])
+    recorder.swap(blocks + [tail], Device.GPU, Device.CPU)
+    recorder.swap(blocks + [tail], Device.CPU, Device.GPU)
+    recorder.get_and_reset_swaps()
+    for block in blocks + [tail]:
+        recorder.free(block)
+    assert replay(recorder.trace).violation is None

@@ -1,0 +1,95 @@
+"""Scale-out: two fuzzing workers share failures through a real Redis server.
+
+Uses the server named by ``PREFIXCACHE_REDIS_URL``, or starts Debian's
+``redis-server`` on a free loopback port (``.ci/run`` installs it).  Worker
+one finds a fault and Hypothesis saves the shrunk example in Redis; worker
+two, another process with another seed and a budget of one example, replays
+it from the database and reports the same violation, while the same
+one-example run without the database finds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+FAULT = "oracle_faults:FreesToTheRight"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    given = os.environ.get("PREFIXCACHE_REDIS_URL")
+    if given:
+        yield given
+        return
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server), "
+                    "and PREFIXCACHE_REDIS_URL is not set")
+    port = _free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not start")
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def fuzz(tmp: Path, name: str, *args: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    env.pop("CI", None)  # the ci profile has no database; these runs choose theirs
+    result = subprocess.run(
+        [sys.executable, "-m", "prefixcache.cli", "fuzz", "--quiet", "--target", FAULT,
+         "--profile", "dev", "--json", f"{name}.json", "--trace-out", f"{name}.trace.json",
+         *args],
+        cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    return dict(json.loads((tmp / f"{name}.json").read_text()), code=result.returncode)
+
+
+def test_a_failure_found_by_one_worker_is_replayed_by_the_other(
+        redis_url: str, tmp_path: Path) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    first = fuzz(tmp_path, "first", "--examples", "300", "--seed", "1",
+                 "--database", redis_url)
+    assert first["code"] == 1
+    assert redis.Redis.from_url(redis_url).dbsize() > 0  # the failure is stored
+    alone = fuzz(tmp_path, "alone", "--examples", "1", "--seed", "12345")
+    second = fuzz(tmp_path, "second", "--examples", "1", "--seed", "12345",
+                  "--database", redis_url)
+    assert alone["code"] == 0, "one fresh example alone should not find the fault"
+    assert second["code"] == 1
+    assert second["examples"] <= 2
+    assert second["violations"][0]["message"] == first["violations"][0]["message"]
