@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import hypothesis.core
 from hypothesis import settings
@@ -48,7 +48,7 @@ class Outcome:
     steps: int = 0
     examples: int = 0
     seconds: float = 0.0
-    coverage: Counter = field(default_factory=Counter)
+    coverage: Counter[str] = field(default_factory=Counter)
     violations: List[Dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> Dict[str, Any]:
@@ -191,7 +191,7 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
     for proc in procs:
         proc.start()
     total = Outcome()
-    seen: Dict[int, tuple] = {}
+    seen: Dict[int, Tuple[int, int]] = {}
     pending = set(range(args.workers))
     with Progress(disable=args.quiet, transient=True) as bar:
         task = bar.add_task("fuzzing", total=args.seconds or None)

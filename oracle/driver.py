@@ -230,16 +230,16 @@ class Driver:
             return new_id
         return getattr(obj, op)(**args)
 
-    def _chooser(self, target_ids: List[int]) -> Callable[[frozenset], int]:
+    def _chooser(self, target_ids: List[int]) -> Callable[[frozenset[int]], int]:
         """Relaxed mode: hand the model the target's fresh ids, in order."""
         pending = list(target_ids)
 
-        def choose(allowed: frozenset) -> int:
+        def choose(allowed: frozenset[int]) -> int:
             while pending:
                 candidate = pending.pop(0)
                 if candidate in allowed:
                     return candidate
-            return min(allowed)
+            return int(min(allowed))
 
         return choose
 

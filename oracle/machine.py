@@ -54,7 +54,7 @@ class Stats:
 
     steps: int = 0
     examples: int = 0
-    coverage: Counter = field(default_factory=Counter)
+    coverage: Counter[str] = field(default_factory=Counter)
 
 
 def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,
@@ -127,7 +127,7 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
         # -- valid operations -------------------------------------------------------
 
         @rule(data=st.data())
-        def new_sequence(self, data: st.DataObject) -> None:
+        def new_sequence(self, data: Any) -> None:
             """A request: full prompt blocks (allocate_immutable_block(s)), then
             a mutable tail block that gets the rest of the prompt."""
             size = self.block_size()

@@ -28,7 +28,6 @@ from ..impl.prefix_caching_block import PrefixCachingBlockAllocator
 from ..spec.abstraction import ContentLedger, abstract_state, ownership
 from ..spec.invariants import check_all
 
-
 MAX_RUNNING = 48
 MAX_BLOCKS_PER_SEQUENCE = 24
 

@@ -90,14 +90,16 @@ def _naive_block_class(cls: type) -> Any:
     return block
 
 
-def _builder(obj: Any, kind: str) -> Callable[[int, int], Any]:
+def _builder(target: Any, kind: str) -> Callable[[int, int], Any]:
+    obj: Any = target
+    is_class = inspect.isclass(target)  # kept apart: isclass() would narrow obj
     if kind == "cpu_gpu":
         allocator_type = "prefix_caching"
         return lambda n, size: obj.create(allocator_type, n, n, size)
-    if kind == "naive" and inspect.isclass(obj):
+    if kind == "naive" and is_class:
         block_cls = _naive_block_class(obj)
         return lambda n, size: obj(create_block=block_cls, num_blocks=n, block_size=size)
-    if inspect.isclass(obj):
+    if is_class:
         return lambda n, size: obj(num_blocks=n, block_size=size)
     return lambda n, size: obj(n, size)
 
