@@ -119,7 +119,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         row["per_call"] = row["instructions"] / row["calls"]
         row["relative"] = row["instructions"] / base
         print(f"  {row['target']:<18} {row['instructions'] / 1e6:9.0f} M instructions "
-              f"{row['per_call']:8.0f} per call   x{row['relative']:.2f}   "
+              f"{row['per_call']:8.0f} per call   {row['relative']:5.2f}x the first   "
               f"fingerprint {row['fingerprint'][:16]}")
     same = len({row["fingerprint"] for row in rows}) == 1
     print(f"  id fingerprints {'identical' if same else 'DIFFERENT'}")

@@ -5,7 +5,11 @@ the same code as ``prefixcache bench``):
 
 1. prefixcache.impl against vLLM 0.8.5's own allocator on the default
    workload (roomy 1,024-block and tight 256-block pools, 12 running,
-   block size 16), plus the flat-cost table from 1,000 to 1,000,000 blocks;
+   block size 16), plus the flat-cost table from 1,000 to 1,000,000 blocks,
+   timed by CPU time (``--clock cpu``: steadier on a shared machine);
+1b. the same replay's instruction counts under valgrind
+   (bench/count_instructions.py), when valgrind is installed: a figure
+   that does not move with the machine's load;
 2. the checked allocator (prefixcache.spec.checked) against the plain one
    with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected;
 3. the same with contracts on, on a small workload (a contract check reads
@@ -26,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,8 +146,32 @@ def _scaling_section(document: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def _instructions_section(counted: Optional[Dict[str, Any]]) -> List[str]:
+    if counted is None:
+        return ["valgrind is not installed: not measured.", ""]
+    rows = counted["rows"]
+    config = counted["config"]
+    lines = [
+        f"The roomy-pool replay ({config['blocks']:,} blocks of {config['block_size']}, "
+        f"{config['running']} running, {config['requests']} requests, seed {config['seed']}) "
+        "under `valgrind --tool=cachegrind`: instructions of the replay (driver included, the "
+        "same for both), counted as a child run with the replay minus one without it.",
+        "", "```", "python bench/count_instructions.py", "```", "",
+        "| target | instructions | per call | fingerprint |", "|---|---:|---:|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['target']} | {row['instructions'] / 1e6:,.0f} M | "
+                     f"{row['per_call']:,.0f} | `{row['fingerprint'][:16]}` |")
+    if len(rows) == 2:
+        times = rows[1]["instructions"] / rows[0]["instructions"]
+        same = "identical" if counted["fingerprints_identical"] else "DIFFERENT"
+        lines += ["", f"vLLM 0.8.5 executes **{times:.2f}x** the instructions of "
+                      f"prefixcache.impl on this replay; id fingerprints {same}."]
+    return lines + [""]
+
+
 def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dict[str, Any]],
-           quick: bool) -> str:
+           quick: bool, counted: Optional[Dict[str, Any]] = None) -> str:
     """The text of RESULTS.md."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -170,6 +199,8 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         "",
     ]
     lines += _pool_section(main, ["prefixcache.impl", "vLLM 0.8.5"])
+    lines += ["## Instructions (independent of the machine's load)", ""]
+    lines += _instructions_section(counted)
     if main.get("scaling"):
         lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
                   "```", main["shown_command"], "```", ""]
@@ -207,18 +238,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
         out_dir.mkdir(parents=True, exist_ok=True)
-        main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "5", *quick],
-                          out_dir / "impl_vs_vllm.json", {})
+        main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "5", "--clock", "cpu",
+                           *quick], out_dir / "impl_vs_vllm.json", {})
+        counted = None
+        if shutil.which("valgrind") is not None:
+            counted_path = out_dir / "instructions.json"
+            small = ["--requests", "40"] if args.quick else []
+            print("$ python bench/count_instructions.py " + " ".join(small), flush=True)
+            proc = subprocess.run([sys.executable, str(ROOT / "bench" / "count_instructions.py"),
+                                   *small, "--json", str(counted_path)], cwd=ROOT)
+            if proc.returncode == 0 and counted_path.is_file():
+                counted = json.loads(counted_path.read_text())
         off = on = None
         if _checked_available():
             off = _bench(["--target", CHECKED, "--against", PLAIN, "--tight-blocks", "0",
-                          "--repeats", "7", "--no-latency", *quick],
+                          "--repeats", "7", "--no-latency", "--clock", "cpu", *quick],
                          out_dir / "contracts_off.json", {"PREFIXCACHE_CONTRACTS": "0"})
             small = ["--requests", "4" if args.quick else "10", "--blocks", "256",
-                     "--tight-blocks", "0", "--repeats", "1", "--no-latency"]
+                     "--tight-blocks", "0", "--repeats", "1", "--no-latency", "--clock", "cpu"]
             on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
                         out_dir / "contracts_on.json", {"PREFIXCACHE_CONTRACTS": "1"})
-    Path(args.out).write_text(render(main_run, off, on, args.quick) + "\n")
+    Path(args.out).write_text(render(main_run, off, on, args.quick, counted) + "\n")
     print(f"wrote {args.out}")
     failed = any(doc is not None and doc["exit_code"] != 0 for doc in (main_run, off, on))
     return 1 if failed else 0

@@ -711,6 +711,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if not lists:
             return []
         low, high = min(lists), max(lists)
+        if low == high:  # all alike (the samples of one request, say)
+            return list(low)
         differs = list(map(ne, low, high))  # up to the shorter one's end
         length = differs.index(True) if True in differs else len(differs)
         return list(low[:length])

@@ -289,7 +289,7 @@ class Driver:
             m_exc = exc
         try:
             if m_exc is not None:
-                self._judge_refusal(step, m_exc, t_exc)
+                self._judge_refusal(step, m_exc, t_exc, t_res)
             else:
                 self._judge_success(step, t_res, t_exc, m_res)
         except Violation as violation:
@@ -298,14 +298,27 @@ class Driver:
             raise
         return t_res
 
+    def _check_integrity_of(self, step: Step, t_res: Any) -> None:
+        """A call the spec refused but the target answered with Blocks: are
+        they on ids that hold other content (a hit on someone else's KV)?"""
+        if step.op not in ("allocate_immutable_block", "allocate_immutable_blocks"):
+            return
+        blocks = t_res if isinstance(t_res, list) else [t_res]
+        for block in blocks:
+            held = self._content_in_use_before(getattr(block, "block_id", None))
+            if held is not None:
+                raise self._fail("integrity", f"{step.op}: the target answered with id "
+                                 f"{block.block_id}, which holds other content {held!r}")
+
     def _judge_refusal(self, step: Step, m_exc: BaseException,
-                       t_exc: Optional[BaseException]) -> None:
+                       t_exc: Optional[BaseException], t_res: Any = None) -> None:
         expected = type(m_exc)
         self.refused = expected.__name__
         mistake = isinstance(m_exc, err.CallerError)
         category = "robustness" if mistake else "conformance"
         self._event("caller-mistake" if mistake else f"refused:{expected.__name__}")
         if t_exc is None:
+            self._check_integrity_of(step, t_res)
             raise self._fail(category, f"{step.op}: the spec raises {expected.__name__} "
                              f"({m_exc}), the target accepted the call")
         if not isinstance(t_exc, expected):
@@ -376,10 +389,15 @@ class Driver:
                                   for label, model in self._sub_models().items()}
         return self._model_states
 
-    def _model_content(self, block_id: int) -> Optional[ContentKey]:
-        for state in self.model_states().values():
-            if block_id in state.blocks:
-                return state.blocks[block_id].content
+    def _content_in_use_before(self, block_id: Any) -> Optional[ContentKey]:
+        """The content the model's id held in use before this step (None if
+        it was free, evictable or mutable): handing such an id to other
+        content shares someone else's KV, an integrity violation; taking a
+        wrong free or evictable id is only a conformance one."""
+        for state in (self._previous_model_states or {}).values():
+            block = state.blocks.get(block_id)
+            if block is not None and block.refcount > 0:
+                return block.content
         return None
 
     def _compare_after(self, step: Step, *, unchanged: bool) -> None:
@@ -389,7 +407,16 @@ class Driver:
             m_id = self.handles[name].block_id
             if t_id != m_id:
                 key = getattr(self.handles[name], "content_key", None)
-                held = self._model_content(t_id) if isinstance(t_id, int) else None
+                held = self._content_in_use_before(t_id)
+                if key is not None and self._white:
+                    try:
+                        self._target_states()  # feeds the ledger with this step's hashes
+                    except Violation:
+                        pass
+                    if self.ledger.collisions:
+                        raise self._fail("integrity", f"{step.op}: block {name} got id "
+                                         f"{t_id} through a hash collision: "
+                                         + "; ".join(self.ledger.anomalies()))
                 if key is not None and held is not None and held != key:
                     raise self._fail("integrity", f"{step.op}: block {name} holds content "
                                      f"{key!r} but the target gave it id {t_id}, which "
@@ -436,12 +463,17 @@ class Driver:
         return states
 
     def _compare_states(self, step: Step, unchanged: bool) -> None:
+        states = self._target_states()  # feeds the ledger first
         if self.ledger.collisions or self.ledger.conflicts:
             raise self._fail("integrity", "; ".join(self.ledger.anomalies()))
-        states = self._target_states()
         models = self.model_states()
         live = self._live_target_blocks()
         for label, state in states.items():
+            if unchanged and self._before is not None and label in self._before:
+                diff = _first_difference(self._before[label], state, ordered_free=True)
+                if diff:
+                    raise self._fail("robustness", f"{step.op} was refused but changed the "
+                                     f"state: {diff}")
             owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
                              if b.block_id in state.blocks)
             broken = check_all(state, dict(owners)) if is_prefix_caching(
@@ -449,11 +481,6 @@ class Driver:
             if broken:
                 raise self._fail("invariant", f"{step.op}: the target's state breaks "
                                  f"{', '.join(broken)}")
-            if unchanged and self._before is not None and label in self._before:
-                diff = _first_difference(self._before[label], state, ordered_free=True)
-                if diff:
-                    raise self._fail("robustness", f"{step.op} was refused but changed the "
-                                     f"state: {diff}")
             diff = _first_difference(state, models[label],
                                      ordered_free=self.target.strict)
             if diff:

@@ -271,6 +271,21 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
             self.mark_accessed(data)
             self.free(data)
 
+        @precondition(lambda self: any(len(s.names) > 1 for s in self.seqs))
+        @rule(data=st.data())
+        def age_a_prefix(self, data: st.DataObject) -> None:
+            """Give the first blocks of a sequence an older access time than
+            the rest, then free it: its prefix is evicted before its tail, so
+            a chain can be uncached in front and cached behind."""
+            seq = self.pick(data, [s for s in self.seqs if len(s.names) > 1])
+            cut = data.draw(st.integers(1, len(seq.names) - 1), label="cut")
+            ids = self.ids(seq)
+            self.run("mark_blocks_as_accessed", block_ids=ids[:cut], now=0)
+            self.run("mark_blocks_as_accessed", block_ids=ids[cut:], now=3)
+            self.seqs.remove(seq)
+            for name in seq.names:
+                self.run("free", block=name)
+
         @rule()
         def mark_computed(self) -> None:
             """The scheduled batch ran: touched blocks become computed."""
@@ -430,7 +445,8 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
                 op = data.draw(st.sampled_from(["mark_blocks_as_accessed",
                                                 "get_physical_block_id"]), label="op")
                 if op == "mark_blocks_as_accessed":
-                    self.run(op, block_ids=[block_id], now=0)
+                    good = self.ids(self.seqs[0]) if self.seqs else []
+                    self.run(op, block_ids=good + [block_id], now=0)  # good ids first
                 elif self.d.kind == "cpu_gpu":
                     self.run(op, device="GPU", absolute_id=10_000)
                 else:
