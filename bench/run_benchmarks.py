@@ -52,6 +52,7 @@ def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[st
     document: Dict[str, Any] = json.loads(json_path.read_text())
     document["exit_code"] = proc.returncode
     document["shown_command"] = _shown(args, env)
+    json_path.write_text(json.dumps(document, indent=2) + "\n")  # for --render-only
     return document
 
 
@@ -85,23 +86,26 @@ def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
             f"{preemptions} preemptions ({stats['swap_preemptions']} by swap), "
             f"{pool['calls']:,} allocator calls.",
             "",
-            "| target | best of repeats (s) | calls/s | ns/call | hit rate | id fingerprint |"
-            " answers |",
-            "|---|---:|---:|---:|---:|---|---|",
+            "| target | best of repeats (s) | calls/s | ns/call | in-call calls/s | hit rate |"
+            " id fingerprint | answers |",
+            "|---|---:|---:|---:|---:|---:|---|---|",
         ]
         for name, result in zip(names, pool["results"]):
             if result["error"] and not result["seconds_all"]:
-                lines.append(f"| {name} | - | - | - | - | - | {result['error']} |")
+                lines.append(f"| {name} | - | - | - | - | - | - | {result['error']} |")
                 continue
+            inside = result.get("in_call_calls_per_s") or 0
             lines.append(
                 f"| {name} | {result['seconds']:.3f} | {result['calls_per_s']:,.0f} | "
-                f"{result['ns_per_call']:,.0f} | {result['hit_rate']:.4f} | "
-                f"`{result['fingerprint'][:16]}` | "
+                f"{result['ns_per_call']:,.0f} | {f'{inside:,.0f}' if inside else '-'} | "
+                f"{result['hit_rate']:.4f} | `{result['fingerprint'][:16]}` | "
                 f"{'as planned' if result['answers_match'] else 'DIVERGED'} |")
         if pool.get("ratio") is not None:
             same = "identical" if pool["fingerprints_identical"] else "**different**"
-            lines += ["", f"Ratio {names[0]} / {names[1]}: **{pool['ratio']:.2f}x** calls/s; "
-                          f"id fingerprints {same}."]
+            inside_ratio = pool.get("in_call_ratio")
+            inside_text = f", **{inside_ratio:.3g}x** in-call" if inside_ratio else ""
+            lines += ["", f"Ratio {names[0]} / {names[1]}: **{pool['ratio']:.3g}x** calls/s"
+                          f"{inside_text}; id fingerprints {same}."]
         latency_names = sorted({n for r in pool["results"] for n in r["latency"]},
                                key=lambda n: -pool["calls_by_name"].get(n, 0))
         if latency_names:
@@ -183,8 +187,12 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         "machine measured, with whatever else was running on it.",
         "",
         "How to read them: calls/s is the number of allocator calls of the replay divided by "
-        "the best wall time of the repeats (each repeat a fresh allocator; the driver's own "
-        "bookkeeping between calls is included, the same for every target).  The id "
+        f"the best {'CPU' if main.get('clock') == 'cpu' else 'wall'} time of the repeats "
+        "(each repeat a fresh allocator; the driver's own bookkeeping between calls is "
+        "included, the same for every target).  In-call calls/s divides the calls by the time "
+        "spent inside them: the sum of the latency replay's per-call wall times, each kind's "
+        "capped at its p99.  The latencies are wall time per call, so on a busy machine their "
+        "p99 includes moments the process was descheduled.  The id "
         "fingerprint is the SHA-256 of every id the target handed out, in order; equal "
         "fingerprints mean the same ids in the same order.  'as planned' means the target "
         "answered the scheduler's queries (free blocks, full blocks touched) exactly as the "
@@ -232,7 +240,26 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="where to write the results (bench/RESULTS.md)")
     parser.add_argument("--keep-json", default=None, metavar="DIR",
                         help="also keep the JSON of every run in DIR")
+    parser.add_argument("--render-only", default=None, metavar="DIR",
+                        help="run nothing: write the results file from the JSON a "
+                             "--keep-json DIR run kept")
     args = parser.parse_args(argv)
+    if args.render_only:
+        kept = Path(args.render_only)
+
+        def load(name: str) -> Optional[Dict[str, Any]]:
+            path = kept / name
+            return json.loads(path.read_text()) if path.is_file() else None
+
+        main_kept = load("impl_vs_vllm.json")
+        if main_kept is None:
+            print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
+            return 1
+        Path(args.out).write_text(render(main_kept, load("contracts_off.json"),
+                                         load("contracts_on.json"), args.quick,
+                                         load("instructions.json")) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
         if args.quick else []
     with tempfile.TemporaryDirectory() as scratch:

@@ -205,7 +205,8 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
                 elapsed = time.monotonic() - start
                 bar.update(task, completed=min(elapsed, args.seconds or elapsed),
                            description=f"{args.workers} workers: {steps} steps, "
-                           f"{steps / max(elapsed, 1e-9):.0f} steps/s, {examples} examples")
+                           f"{steps / max(elapsed, 1e-9):.0f} steps/s, {examples} examples, "
+                           f"{len(total.violations)} violations")
             elif kind == "done":
                 total.merge(payload[0])
                 pending.discard(worker)
@@ -280,6 +281,6 @@ def _run_single(args: argparse.Namespace) -> Outcome:
             bar.update(task, completed=min(elapsed, args.seconds or elapsed),
                        description=f"{stats.steps} steps, "
                        f"{stats.steps / max(elapsed, 1e-9):.0f} steps/s, "
-                       f"{stats.examples} examples")
+                       f"{stats.examples} examples, 0 violations")
 
         return _campaign(args, int(os.environ.get("PREFIXCACHE_WORKER", "0")), progress)
