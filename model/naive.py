@@ -10,7 +10,7 @@ from typing import Any, Iterable, Optional, Sequence, cast
 from ..impl import errors as err
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState
 from .handles import Handle
-from .model import Chooser
+from .model import Chooser, Model
 
 
 class NaiveModel:
@@ -227,20 +227,10 @@ class NaiveModel:
         """Free ids."""
         return len(self._free)
 
-    def get_num_total_blocks(self) -> int:
-        """All ids."""
-        return len(self._ids)
-
-    def get_physical_block_id(self, absolute_id: int) -> int:
-        """The rank of ``absolute_id`` among the sorted ids."""
-        if absolute_id not in self._ids:
-            raise err.UnknownBlockIdError(f"unknown block id {absolute_id!r}")
-        return self._ids.index(absolute_id)
-
-    @property
-    def all_block_ids(self) -> frozenset[int]:
-        """Every id."""
-        return frozenset(self._ids)
+    # the id queries are the prefix-caching model's own: they read only ``_ids``
+    get_num_total_blocks = Model.get_num_total_blocks
+    get_physical_block_id = Model.get_physical_block_id
+    all_block_ids = Model.all_block_ids
 
     def state(self) -> AbstractState:
         """The spec's state: in-use ids hold no content, nothing is cached."""

@@ -328,6 +328,21 @@ def is_prefix_caching(allocator: Any) -> bool:
     return getattr(allocator, "_cached_blocks", None) is not None
 
 
+def _with_live_contents(
+    contents: Optional[Mapping[BlockId, Optional[ContentKey]]],
+    live_blocks: Optional[Iterable[Any]],
+    ledger: ContentLedger,
+) -> Optional[Mapping[BlockId, Optional[ContentKey]]]:
+    """``contents`` over what ``live_blocks`` spell (feeding ``ledger``);
+    ``contents`` itself when no live Blocks are given."""
+    if live_blocks is None:
+        return contents
+    spelled: Dict[BlockId, Optional[ContentKey]] = dict(contents_of(live_blocks, ledger))
+    if contents is not None:
+        spelled.update(contents)
+    return spelled
+
+
 def abstract_state(
     allocator: Any,
     contents: Optional[Mapping[BlockId, Optional[ContentKey]]] = None,
@@ -359,11 +374,7 @@ def abstract_state(
         return _naive_state(allocator, reported_free, block_ids)
     if ledger is None:
         ledger = ContentLedger()
-    if live_blocks is not None:
-        spelled = contents_of(live_blocks, ledger)
-        if contents is not None:
-            spelled.update(contents)
-        contents = spelled
+    contents = _with_live_contents(contents, live_blocks, ledger)
     given: Mapping[BlockId, Optional[ContentKey]] = contents if contents is not None else {}
 
     ids = _block_ids(allocator, block_ids)
@@ -461,11 +472,7 @@ def abstract_device_states(
     are disjoint across devices)."""
     if ledger is None:
         ledger = ContentLedger()
-    if live_blocks is not None:
-        spelled = contents_of(live_blocks, ledger)
-        if contents is not None:
-            spelled.update(contents)
-        contents = spelled
+    contents = _with_live_contents(contents, live_blocks, ledger)
     return {
         name: abstract_state(a, contents, ledger=ledger)
         for name, a in device_allocators(allocator).items()
