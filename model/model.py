@@ -1,4 +1,6 @@
-"""The abstract model of one prefix-caching block allocator (one device).
+"""The abstract model of one block allocator (one device), with a prefix
+cache (vLLM's ``PrefixCachingBlockAllocator``) or without (``caching=False``:
+vLLM's ``NaiveBlockAllocator``).
 
 Plain dicts and lists, exact content keys and no hashes: small enough to be
 read against shared/API.md line by line.  Every public operation is
@@ -17,6 +19,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from ..impl import errors as err
+from ..spec.pure import bucketed_hit_rate
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState, ContentKey, EvictorEntry
 from .errors import ChoiceNotAllowed, ModelInvariantError
 from .handles import ChainKey, Handle, chain
@@ -84,6 +87,14 @@ class Model:
       chooser set the first free id is taken.  ``chooser`` is a plain
       attribute, so it can be set before each operation.  In relaxed mode
       the order of ``state().free`` carries no meaning: compare it as a set.
+
+    **Without a cache** (``caching=False``, vLLM's ``NaiveBlockAllocator``)
+    no block ever has content: nothing is hashed, cached, evicted, touched or
+    counted; an immutable block may hold fewer tokens than a block does and
+    always takes a fresh id; handles carry no extra hash; promotion raises
+    ``NotImplementedError``; marks do nothing; the cache queries answer
+    ``[]``, ``-1`` and ``True``; ``get_num_full_blocks_touched`` counts
+    each handle once.
     """
 
     def __init__(
@@ -95,6 +106,7 @@ class Model:
         strict: bool = True,
         chooser: Optional[Chooser] = None,
         check_invariants: bool = True,
+        caching: bool = True,
     ) -> None:
         """An allocator with every id free, nothing cached, no query yet."""
         if not (_is_int(num_blocks) and _is_int(block_size) and num_blocks >= 0 < block_size):
@@ -104,6 +116,7 @@ class Model:
             raise err.InvalidArgumentError("block_ids must be num_blocks distinct ints")
         self.block_size = block_size
         self.strict, self.chooser, self.check_invariants = strict, chooser, check_invariants
+        self.caching = caching
         self._ids = tuple(sorted(ids))
         self._free = ids  # hand-out order, first = next
         self._ref = dict.fromkeys(ids, 0)
@@ -125,8 +138,8 @@ class Model:
     ) -> Handle:
         """A new empty block after ``prev_block`` on a fresh id (refcount 1,
         not computed, last accessed -1)."""
-        self._check_new(prev_block, extra_hash, device)
-        h = Handle(self, self.block_size, prev_block, [], extra_hash)
+        extra = self._check_new(prev_block, extra_hash, device)
+        h = Handle(self, self.block_size, prev_block, [], extra)
         self._attach(h, self._fresh_id())
         return h
 
@@ -163,20 +176,24 @@ class Model:
         """Mistakes, the first found wins: a device; prev_block's type;
         extra_hash's type; prev_block without content; then per token list
         in order: not a list, too many tokens, a token not an int, too few."""
-        self._check_new(prev, extra, device)
+        extra = self._check_new(prev, extra, device)
         if not isinstance(blocks, (list, tuple)):
             raise err.WrongTypeError("block_token_ids must be a list of token lists")
-        if prev is not None and prev.key is None:
+        if self.caching and prev is not None and prev.key is None:
             raise err.UnhashableBlockError("the previous block has no content")
         keys = [_base(prev)]
         for toks in (self._tokens(t, self.block_size) for t in blocks):
-            if len(toks) < self.block_size:
+            if self.caching and len(toks) < self.block_size:
                 raise err.UnhashableBlockError("an immutable block must be full")
             keys.append(keys[-1] + ((extra, toks),))
         out: list[Handle] = []
         for key in keys[1:]:
-            h = Handle(self, self.block_size, prev, list(key[-1][1]), extra, key=key)
-            block_id, h.computed = self._acquire(key)
+            h = Handle(self, self.block_size, prev, list(key[-1][1]), extra)
+            if self.caching:
+                h.key = key
+                block_id, h.computed = self._acquire(key)
+            else:
+                block_id = self._fresh_id()
             self._attach(h, block_id)
             out.append(h)
             prev = h
@@ -203,7 +220,7 @@ class Model:
             self._cow(h)
         h.token_ids.extend(token_ids)
         prev = h.prev_block
-        if not h.is_full or (prev is not None and prev.key is None):
+        if not (self.caching and h.is_full) or (prev is not None and prev.key is None):
             return
         h.key = _base(prev) + ((h.extra_hash, tuple(h.token_ids)),)
         if h.block_id is None:
@@ -228,7 +245,10 @@ class Model:
     def promote_to_immutable_block(self, block: Handle) -> int:
         """Never has an effect: a block is promoted by the append that fills
         it, so an explicit call is a caller mistake (ImmutableBlockError if
-        the block already has content, else UnhashableBlockError)."""
+        the block already has content, else UnhashableBlockError).  Without
+        a cache: NotImplementedError."""
+        if not self.caching:
+            raise NotImplementedError("There is no promotion for naive blocks")
         h = self._own(block, attached=True)
         if h.key is not None:
             raise err.ImmutableBlockError("the block was promoted when it became full")
@@ -299,6 +319,8 @@ class Model:
         """Set last accessed to ``now`` for each id: on the tracker of an id
         in use, on the evictor entry (re-sorted) of an evictable id.  A free
         id: BlockNotOnDeviceError; unknown: UnknownBlockIdError."""
+        if not self.caching:
+            return
         if type(now) not in (int, float):
             raise err.WrongTypeError("now must be a number")
         if math.isnan(now):
@@ -328,6 +350,8 @@ class Model:
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
         """The one list itself if there is exactly one, else the longest
         common prefix of the non-empty lists ([] if none).  No effect."""
+        if not self.caching:
+            return []
         if len(computed_seq_block_ids) == 1:
             return computed_seq_block_ids[0]
         rows = [r for r in computed_seq_block_ids if r]
@@ -341,6 +365,8 @@ class Model:
         and would need an id here: no content, content not cached, or
         content cached on an evictable id.  No effect."""
         hs = [self._own(b, foreign_ok=True) for b in blocks]
+        if not self.caching:  # each handle once
+            hs = list({id(h): h for h in hs}.values())
         return sum(
             h.is_full and (h.key not in self._cached or self._ref[self._cached[h.key]] == 0)
             for h in hs
@@ -351,6 +377,8 @@ class Model:
         (extra_hash, tokens) pair per block of the chain) whose blocks are
         all cached and computed (not touched), in use or evictable.  No effect."""
         out: list[ContentKey] = []
+        if not self.caching:
+            return out
         for k in keys:
             if not _is_content_key(k):
                 raise err.WrongTypeError(f"not a content key: {k!r}")
@@ -365,7 +393,7 @@ class Model:
         """False, with no effect, while any id is in use.  Else every
         evictable id, in eviction order, goes to the front of the free list;
         nothing is cached or touched; the query counts restart; True."""
-        if any(self._ref.values()):
+        if self.caching and any(self._ref.values()):
             return False
         for _, _, i in self._evictor:
             self._free.insert(0, i)
@@ -376,16 +404,13 @@ class Model:
 
     def get_prefix_cache_hit_rate(self) -> float:
         """vLLM's bucketed hit rate (``CacheMetricData``, buckets of 1000
-        queries), bit for bit; 0.0 before any query.  No effect."""
-        nb, rate = len(self._buckets), 0.0
-        for k, hits in enumerate(self._buckets):  # the running average, folded as vLLM does
-            rate = (rate * k + hits / _BUCKET) / (k + 1)
-        q = self._hits + self._misses - nb * _BUCKET
-        ratio = q / _BUCKET
-        if nb + ratio == 0:
-            return 0.0
-        part = (self._hits - sum(self._buckets)) / q * ratio if q > 0 else 0.0
-        return ((rate * nb if nb > 0 else 0.0) + part) / (nb + ratio)
+        queries), bit for bit; 0.0 before any query; -1 without a cache.  No effect."""
+        if not self.caching:
+            return -1
+        done = len(self._buckets) * _BUCKET
+        open_hits = self._hits - sum(self._buckets)
+        return bucketed_hit_rate(self._buckets, open_hits, self._hits + self._misses - done,
+                                 _BUCKET)
 
     def get_num_free_blocks(self, device: None = None) -> int:
         """Free ids plus evictable ids: exactly how many allocations can succeed."""
@@ -534,13 +559,18 @@ class Model:
             raise err.ForeignBlockError("the block belongs to another allocator")
         return h
 
-    def _check_new(self, prev: object, extra: object, device: object) -> None:
+    def _check_new(self, prev: object, extra: Any, device: object) -> Extra:
+        """The checks of a new block's arguments; returns the extra hash its
+        handle carries (none without a cache)."""
         if device is not None:
             raise err.InvalidArgumentError("one device here: pass device=None")
         if prev is not None:
             self._own(prev, foreign_ok=True)
+        if not self.caching:
+            return None
         if extra is not None and not _is_int(extra):
             raise err.WrongTypeError("extra_hash must be an int or None")
+        return cast(Extra, extra)
 
     def _tokens(self, toks: object, room: int) -> tuple[int, ...]:
         if not isinstance(toks, (list, tuple)) or not all(map(_is_int, toks)):

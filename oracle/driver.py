@@ -26,7 +26,6 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..impl import errors as err
 from ..model import ChoiceNotAllowed, DeviceModel, Model
-from ..model.naive import NaiveModel
 from ..spec.abstraction import (
     AbstractionError,
     ContentLedger,
@@ -86,7 +85,7 @@ class Driver:
             self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
             self._device = _device_enum(self.allocator)
         elif self.kind == "naive":
-            self.model = NaiveModel(num_blocks, block_size, strict=target.strict)
+            self.model = Model(num_blocks, block_size, caching=False, **options)
         else:
             self.model = Model(num_blocks, block_size, **options)
         self.blocks: Dict[str, Any] = {}
@@ -183,7 +182,7 @@ class Driver:
                 handle = DeviceModel(1, 1, size).allocate_mutable_block(None, "GPU")
             elif self.kind == "naive":
                 block = other.allocate_mutable_block(None)
-                handle = NaiveModel(1, size).allocate_mutable_block(None)
+                handle = Model(1, size, caching=False).allocate_mutable_block(None)
             else:
                 block = other.allocate_mutable_block(None)
                 handle = Model(1, size).allocate_mutable_block(None)

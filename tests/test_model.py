@@ -3,8 +3,12 @@ worked out on paper from shared/API.md, not read off the model."""
 
 from __future__ import annotations
 
+import ast
 import copy
+import io
 import random
+import tokenize
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -490,9 +494,42 @@ def test_device_pair_reset_stops_at_the_first_device_that_refuses() -> None:
     assert d.reset_prefix_cache("gpu") is True and d.gpu.state().cached == {}
 
 
+# ------------------------------------------------------------- without a cache
+
+
+def test_without_a_cache_nothing_is_shared_and_ids_come_back_first() -> None:
+    m = Model(num_blocks=3, block_size=2, caching=False)
+    a = m.allocate_immutable_block(None, [1, 2], extra_hash=7)
+    b = m.allocate_immutable_block(None, [1, 2])
+    c = m.allocate_immutable_block(b, [3])  # a partial immutable block is fine
+    assert ids([a, b, c]) == [0, 1, 2] and a.extra_hash is None
+    assert m.state().cached == {} and m.get_prefix_cache_hit_rate() == -1
+    m.free(b)
+    assert m.state().free == (1,) and m.get_num_free_blocks() == 1
+    assert m.reset_prefix_cache() is True  # nothing to reset, even with ids in use
+    unchanged(m, lambda: m.promote_to_immutable_block(a), NotImplementedError)
+    m.mark_blocks_as_accessed([99], now=float("nan"))  # nothing to record, nothing checked
+    assert m.get_common_computed_block_ids([[0, 2], [0, 2]]) == []
+    assert m.find_cached_blocks_prefix([((None, (1, 2)),)]) == []
+    assert m.get_num_full_blocks_touched([a, a, c]) == 1  # each handle once
+
+
+def test_without_a_cache_fork_and_copy_on_write_still_work() -> None:
+    m = Model(num_blocks=3, block_size=2, caching=False)
+    a = m.allocate_mutable_block(None)
+    m.append_token_ids(a, [5, 5])
+    (f,) = m.fork(a)
+    unchanged(m, lambda: m.append_token_ids(f, [1]), err.BlockFullError)
+    g = m.allocate_mutable_block(f)
+    (_, g2) = m.fork(g)
+    m.append_token_ids(g2, [4])  # shared: copied first
+    assert m.clear_copy_on_writes() == [(1, 2)] and ids([a, f, g, g2]) == [0, 0, 1, 2]
+    unchanged(m, lambda: m.allocate_mutable_block(None), err.NoFreeBlocksError)
+
+
 # ---------------------------------------------------------------- random walk
 
-_EXPECTED = (err.CallerError, err.NoFreeBlocksError, ChoiceNotAllowed)
+_EXPECTED = (err.CallerError, err.NoFreeBlocksError, ChoiceNotAllowed, NotImplementedError)
 _Call = Callable[[Model, Any, list[Handle], random.Random], object]
 
 
@@ -546,14 +583,16 @@ def _random_call(m: Model, rnd: random.Random, handles: list[Handle]) -> object:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.randoms(use_true_random=False), st.integers(1, 2), st.integers(1, 5), st.booleans())
+@given(st.randoms(use_true_random=False), st.integers(1, 2), st.integers(1, 5), st.booleans(),
+       st.booleans())
 def test_random_walks_keep_the_invariants_and_fail_without_effect(
-    rnd: random.Random, size: int, num_blocks: int, strict: bool
+    rnd: random.Random, size: int, num_blocks: int, strict: bool, caching: bool
 ) -> None:
-    """Any sequence of calls, mistakes included: the model's own invariant
-    check never fires, a failed call changes nothing, and the free count is
-    exact (that many allocations succeed on a copy, one more fails)."""
-    m = Model(num_blocks, size, strict=strict)
+    """Any sequence of calls, mistakes included, with a cache or without:
+    the model's own invariant check never fires, a failed call changes
+    nothing, and the free count is exact (that many allocations succeed on a
+    copy, one more fails)."""
+    m = Model(num_blocks, size, strict=strict, caching=caching)
     if not strict:
         m.chooser = lambda allowed: rnd.choice(sorted(allowed))
     handles: list[Handle] = []
@@ -586,3 +625,32 @@ def test_all_or_nothing_also_for_keyword_arguments() -> None:
     assert ids([a, t]) == [None, None]
 
 
+
+
+def _code_lines(folder: str) -> int:
+    """Lines of Python code under ``folder``: no blank, comment or docstring lines."""
+    total = 0
+    for path in (Path(__file__).parent.parent / folder).glob("*.py"):
+        source = path.read_text()
+        docs: set[int] = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                    and isinstance(node.value.value, str):
+                docs.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+        code = set()
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type not in _NOT_CODE:
+                code.update(range(tok.start[0], tok.end[0] + 1))
+        total += len(code - docs)
+    return total
+
+
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+             tokenize.DEDENT, tokenize.ENDMARKER}
+
+
+def test_the_model_is_at_most_a_third_of_the_impl() -> None:
+    """DESIGN.md: the model stays small enough to be read and trusted."""
+    model, impl = _code_lines("model"), _code_lines("impl")
+    assert impl > 1000 and model > 300  # the counter sees both folders
+    assert 3 * model <= impl, f"model/ has {model} lines of code, impl/ {impl}"
