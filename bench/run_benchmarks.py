@@ -13,7 +13,11 @@ the same code as ``prefixcache bench``):
 2. the checked allocator (prefixcache.spec.checked) against the plain one
    with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected;
 3. the same with contracts on, on a small workload (a contract check reads
-   the whole abstract state, so its cost grows with the pool).
+   the whole abstract state, so its cost grows with the pool);
+4. ``verify_content=True`` against the default (off), side by side;
+5. construction: the time and memory (tracemalloc peak and retained, RSS
+   growth) of building a PrefixCachingBlockAllocator and a
+   CpuGpuBlockAllocator pair, up to 1,000,000 blocks, each in a fresh process.
 
 Usage::
 
@@ -59,6 +63,85 @@ def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[st
 def _shown(args: Sequence[str], env: Dict[str, str]) -> str:
     prefix = " ".join(f"{key}={value}" for key, value in env.items())
     return (prefix + " " if prefix else "") + "prefixcache bench " + " ".join(args)
+
+
+#: Child program of the construction table: one allocator of each kind per
+#: size, timed (best of 3) and traced; prints JSON rows.
+_CONSTRUCTION_CHILD = r"""
+import gc, json, resource, sys, time, tracemalloc
+from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
+kinds = {
+    "PrefixCachingBlockAllocator": lambda n: PrefixCachingBlockAllocator(num_blocks=n,
+                                                                         block_size=16),
+    "CpuGpuBlockAllocator.create (n GPU + n CPU)":
+        lambda n: CpuGpuBlockAllocator.create("prefix_caching", n, n, 16),
+}
+kind, size = sys.argv[1], int(sys.argv[2])
+make = kinds[kind]
+rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+best = None
+for _ in range(3):
+    gc.collect()
+    start = time.perf_counter()
+    made = make(size)
+    elapsed = time.perf_counter() - start
+    best = elapsed if best is None else min(best, elapsed)
+    del made
+rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+gc.collect()
+tracemalloc.start()
+made = make(size)
+retained, peak = tracemalloc.get_traced_memory()
+tracemalloc.stop()
+print(json.dumps({"kind": kind, "num_blocks": size, "seconds": best, "peak_bytes": peak,
+                  "retained_bytes": retained, "max_rss_growth_kb": rss_after - rss_before}))
+"""
+
+CONSTRUCTION_KINDS = ("PrefixCachingBlockAllocator",
+                      "CpuGpuBlockAllocator.create (n GPU + n CPU)")
+
+
+def _construction(sizes: Sequence[int]) -> List[Dict[str, Any]]:
+    """The construction rows, each measured in a fresh Python process."""
+    rows: List[Dict[str, Any]] = []
+    print("$ construction of " + ", ".join(CONSTRUCTION_KINDS), flush=True)
+    for kind in CONSTRUCTION_KINDS:
+        for size in sizes:
+            proc = subprocess.run([sys.executable, "-c", _CONSTRUCTION_CHILD, kind, str(size)],
+                                  cwd=ROOT, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"construction of {kind} ({size}) failed: {proc.stderr}")
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def _construction_section(rows: Optional[List[Dict[str, Any]]]) -> List[str]:
+    if not rows:
+        return []
+    lines = [
+        "## Construction",
+        "",
+        "Building one allocator (block size 16), each size in a fresh process: best of 3 "
+        "wall times; memory by tracemalloc (peak during construction, and what the "
+        "allocator keeps) and growth of the process's maximum RSS.  Per-id trackers, "
+        "the rank table of `get_physical_block_id` and the Block objects of the pool are "
+        "made when first needed, so construction holds only the free list, the reference "
+        "counts and the id set.",
+        "",
+        "```",
+        "python bench/run_benchmarks.py   # the construction step",
+        "```",
+        "",
+        "| allocator | blocks | seconds | tracemalloc peak (MB) | retained (MB) | "
+        "max RSS growth (MB) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['kind']} | {row['num_blocks']:,} | {row['seconds']:.3f} | "
+                     f"{row['peak_bytes'] / 1e6:,.1f} | {row['retained_bytes'] / 1e6:,.1f} | "
+                     f"{row['max_rss_growth_kb'] / 1e3:,.1f} |")
+    return lines + [""]
 
 
 def _checked_available() -> bool:
@@ -174,8 +257,27 @@ def _instructions_section(counted: Optional[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
+def _verify_section(verify: Optional[Dict[str, Any]]) -> List[str]:
+    if verify is None:
+        return []
+    lines = ["## verify_content", "",
+             "`verify_content=True` (each cached id's exact content compared on every hit) "
+             "against the default, both prefixcache.impl, in one run; the hash is the "
+             "default one, so no collision happens and the ids must be the same.", "",
+             "```", verify["shown_command"], "```", ""]
+    lines += _pool_section(verify, ["verify_content=True", "verify_content=False"])
+    ratios = [pool.get("ratio") for pool in verify["pools"] if pool.get("ratio")]
+    if ratios:
+        lines += ["Cost of verify_content: " + ", ".join(
+            f"{pool['pool']} pool **{1 / pool['ratio']:.3f}x** the time"
+            for pool in verify["pools"] if pool.get("ratio")) + ".", ""]
+    return lines
+
+
 def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dict[str, Any]],
-           quick: bool, counted: Optional[Dict[str, Any]] = None) -> str:
+           quick: bool, counted: Optional[Dict[str, Any]] = None,
+           verify: Optional[Dict[str, Any]] = None,
+           construction: Optional[List[Dict[str, Any]]] = None) -> str:
     """The text of RESULTS.md."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -229,6 +331,8 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         if ratio_on and ratio_off:
             lines += [f"Cost of the checked allocator relative to the plain one: contracts off "
                       f"**{1 / ratio_off:.3f}x**, contracts on **{1 / ratio_on:,.0f}x**.", ""]
+    lines += _verify_section(verify)
+    lines += _construction_section(construction)
     return "\n".join(lines)
 
 
@@ -255,9 +359,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if main_kept is None:
             print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
             return 1
+        construction_kept = load("construction.json")
         Path(args.out).write_text(render(main_kept, load("contracts_off.json"),
                                          load("contracts_on.json"), args.quick,
-                                         load("instructions.json")) + "\n")
+                                         load("instructions.json"), load("verify_content.json"),
+                                         construction_kept["rows"] if construction_kept
+                                         else None) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -285,9 +392,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                      "--tight-blocks", "0", "--repeats", "1", "--no-latency", "--clock", "cpu"]
             on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
                         out_dir / "contracts_on.json", {"PREFIXCACHE_CONTRACTS": "1"})
-    Path(args.out).write_text(render(main_run, off, on, args.quick, counted) + "\n")
+        verify = _bench(["--target", "verify-content", "--against", PLAIN, "--repeats", "5",
+                         "--no-latency", "--clock", "cpu", *quick],
+                        out_dir / "verify_content.json", {})
+        sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
+        construction = _construction(sizes)
+        (out_dir / "construction.json").write_text(json.dumps({"rows": construction}) + "\n")
+    Path(args.out).write_text(render(main_run, off, on, args.quick, counted, verify,
+                                     construction) + "\n")
     print(f"wrote {args.out}")
-    failed = any(doc is not None and doc["exit_code"] != 0 for doc in (main_run, off, on))
+    failed = any(doc is not None and doc["exit_code"] != 0
+                 for doc in (main_run, off, on, verify))
     return 1 if failed else 0
 
 

@@ -432,7 +432,9 @@ def check_sizes(num_blocks: object, block_size: object) -> None:
 
 def check_block_ids(block_ids: Iterable[object], num_blocks: int) -> List[int]:
     """The ids as a list, after checking they are distinct ints and that
-    there are ``num_blocks`` of them."""
+    there are ``num_blocks`` of them (a ``range`` is distinct ints)."""
+    if type(block_ids) is range and len(block_ids) == num_blocks:
+        return list(block_ids)
     ids: List[int] = []
     for block_id in block_ids:
         if type(block_id) is not int:

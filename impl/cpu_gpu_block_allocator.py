@@ -35,17 +35,18 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         block_size: int,
         *,
         hash_algo: HashAlgo = "builtin",
+        verify_content: bool = False,
     ) -> DeviceAwareBlockAllocator:
         """A pair of ``"naive"`` or ``"prefix_caching"`` allocators: GPU ids
-        ``0..num_gpu_blocks-1``, then the CPU ids.  ``hash_algo`` applies to
-        both prefix-caching allocators, so a swapped block keeps its hash."""
+        ``0..num_gpu_blocks-1``, then the CPU ids.  ``hash_algo`` and
+        ``verify_content`` apply to both prefix-caching allocators, so a
+        swapped block keeps its hash."""
         for name, value in (("num_gpu_blocks", num_gpu_blocks),
                             ("num_cpu_blocks", num_cpu_blocks)):
             if type(value) is not int or value < 0:
                 raise InvalidArgumentError(f"{name} must be an int >= 0, got {value!r}")
-        block_ids = list(range(num_gpu_blocks + num_cpu_blocks))
-        gpu_block_ids = block_ids[:num_gpu_blocks]
-        cpu_block_ids = block_ids[num_gpu_blocks:]
+        gpu_block_ids = range(num_gpu_blocks)
+        cpu_block_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
         gpu_allocator: BlockAllocator
         cpu_allocator: BlockAllocator
         if allocator_type == "naive":
@@ -60,11 +61,11 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         elif allocator_type == "prefix_caching":
             gpu_allocator = PrefixCachingBlockAllocator(
                 num_blocks=num_gpu_blocks, block_size=block_size, block_ids=gpu_block_ids,
-                hash_algo=hash_algo,
+                hash_algo=hash_algo, verify_content=verify_content,
             )
             cpu_allocator = PrefixCachingBlockAllocator(
                 num_blocks=num_cpu_blocks, block_size=block_size, block_ids=cpu_block_ids,
-                hash_algo=hash_algo,
+                hash_algo=hash_algo, verify_content=verify_content,
             )
         else:
             raise InvalidArgumentError(f"Unknown allocator type {allocator_type=}")
@@ -244,6 +245,17 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
                                   device: Device = Device.GPU) -> List[int]:
         """``find_cached_blocks_prefix`` on ``device``'s allocator."""
         return self._allocator_of(device).find_cached_blocks_prefix(block_hashes)
+
+    def find_verified_blocks_prefix(self, block_hashes: List[int], token_ids: List[int],
+                                    extra_hash: Optional[int] = None,
+                                    device: Device = Device.GPU) -> List[int]:
+        """``find_verified_blocks_prefix`` on ``device``'s allocator
+        (``find_cached_blocks_prefix`` on one without it)."""
+        allocator = self._allocator_of(device)
+        verified = getattr(allocator, "find_verified_blocks_prefix", None)
+        if verified is None:
+            return allocator.find_cached_blocks_prefix(block_hashes)
+        return verified(block_hashes, token_ids, extra_hash)  # type: ignore[no-any-return]
 
 
 class NullBlock(Block):

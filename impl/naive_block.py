@@ -71,9 +71,8 @@ class NaiveBlockAllocator(BlockAllocator):
         ids = check_block_ids(range(num_blocks) if block_ids is None else block_ids, num_blocks)
         self._free_block_indices: Deque[BlockId] = deque(ids)
         self._all_block_indices: FrozenSet[BlockId] = frozenset(ids)
-        self._physical_index: Dict[BlockId, int] = {
-            block_id: rank for rank, block_id in enumerate(sorted(ids))
-        }
+        # id -> rank among the sorted ids, built by the first get_physical_block_id
+        self._physical_index: Optional[Dict[BlockId, int]] = None
         self._refcounter = RefCounter(all_block_indices=ids)
         self._block_size = block_size
         self._cow_tracker = CopyOnWriteTracker(self._refcounter.as_readonly())
@@ -272,9 +271,15 @@ class NaiveBlockAllocator(BlockAllocator):
         return len(self._all_block_indices)
 
     def get_physical_block_id(self, absolute_id: int) -> int:
-        """The rank of ``absolute_id`` among the sorted ids. O(1)."""
+        """The rank of ``absolute_id`` among the sorted ids.  O(1) (the first
+        call O(n log n): it ranks the ids)."""
+        index = self._physical_index
+        if index is None:
+            index = self._physical_index = {
+                block_id: rank for rank, block_id in enumerate(sorted(self._all_block_indices))
+            }
         try:
-            rank = self._physical_index.get(absolute_id)
+            rank = index.get(absolute_id)
         except TypeError as exc:
             raise WrongTypeError(f"a block id must be an int, got {absolute_id!r}") from exc
         if rank is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from operator import ne
-from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .common import (
     BlockPool,
@@ -60,6 +60,26 @@ logger = logging.getLogger(__name__)
 _DEFAULT_LAST_ACCESSED_TIME = -1
 _NO_TOKENS: List[int] = []  # read only: copied into each new mutable Block
 
+#: The exact content of a block (``verify_content``): ``(parent, tokens,
+#: extra_hash)`` where ``parent`` is the previous block's record (None for a
+#: first block), so a record spells the whole prefix.
+Content = Tuple[Any, Tuple[int, ...], Optional[int]]
+
+# What a verifying allocation does with one block (see _verified_outcomes).
+_HIT, _NEW, _PLAIN = 0, 1, 2
+
+
+def same_content(first: Optional[Content], second: Optional[Content]) -> bool:
+    """Whether two content records spell the same prefix.  Compared block by
+    block from the end, stopping at the first record both share: O(1) when
+    the parents are one object, as they are for blocks of a cached chain."""
+    while first is not second:
+        if (first is None or second is None or first[1] != second[1]
+                or first[2] != second[2]):
+            return False
+        first, second = first[0], second[0]
+    return True
+
 
 class BlockTracker:
     """Per-id bookkeeping while the id is in use: its access time and
@@ -92,11 +112,37 @@ class BlockTracker:
         self.computed = False
 
 
+class _Trackers(Dict[BlockId, BlockTracker]):
+    """id -> BlockTracker, each made the first time its id is looked up with
+    ``[]`` (so construction costs nothing per id); ``get`` and iteration
+    see only the trackers made so far.  Only the allocator's ids have one."""
+
+    __slots__ = ("_known",)
+
+    def __init__(self, known: Dict[BlockId, int]) -> None:
+        super().__init__()
+        self._known = known
+
+    def __missing__(self, block_id: BlockId) -> BlockTracker:
+        if block_id not in self._known:
+            raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
+        tracker = self[block_id] = BlockTracker()
+        return tracker
+
+
 class PrefixCachingBlockAllocator(BlockAllocator):
     """A block allocator that shares full blocks with identical prefixes.
 
     ``hash_algo`` (keyword-only) chooses the content hash: ``"builtin"``
     (vLLM's), ``"sha256"`` or a callable; see :mod:`prefixcache.impl.hashing`.
+
+    ``verify_content`` (keyword-only, default False): keep each cached id's
+    exact content (tokens, extra hash and, through its parent's record, the
+    whole prefix) and compare it on every cache hit, so that a hash collision
+    costs a miss instead of handing out another content's KV.  The colliding
+    block gets an id of its own and no content hash (like a block after a
+    non-full one), so one hash keeps naming one id; blocks chained after it
+    in the same call get none either.  Off, the behaviour is vLLM's.
 
     Costs: allocation, free, promotion and copy-on-write O(log n) in the pool
     size (the evictor's heap) and O(1) otherwise; operations over a list or
@@ -112,9 +158,15 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         eviction_policy: EvictionPolicy = EvictionPolicy.LRU,
         *,
         hash_algo: HashAlgo = "builtin",
+        verify_content: bool = False,
     ) -> None:
         check_sizes(num_blocks, block_size)
         self._hash_fn: HashFunction = resolve_hash_algo(hash_algo)
+        if type(verify_content) is not bool:
+            raise InvalidArgumentError(f"verify_content must be a bool, got {verify_content!r}")
+        self._verify_content = verify_content
+        # verify_content: the content record of every cached id
+        self._contents: Dict[BlockId, Content] = {}
         self.evictor = make_evictor(eviction_policy)
         self.eviction_policy = eviction_policy
         self._block_size = block_size
@@ -129,9 +181,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._free_ids = self._hashless_allocator._free_block_indices
         self._refcounter = self._hashless_allocator.refcounter
         self._refcounts = self._refcounter._refcounts
-        self._block_tracker: Dict[BlockId, BlockTracker] = {
-            block_id: BlockTracker() for block_id in self._refcounts
-        }
+        self._block_tracker: Dict[BlockId, BlockTracker] = _Trackers(self._refcounts)
         self._cached_blocks: Dict[int, BlockId] = {}
         self._touched_blocks: Set[BlockId] = set()
         self._cow_tracker = CopyOnWriteTracker(self._refcounter.as_readonly())
@@ -256,6 +306,143 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             needed += 1
         return needed
 
+    # -- verify_content: content records ------------------------------------------
+
+    def _interned(self, record: Content, content_hash: Optional[int]) -> Content:
+        """``record``, or the equal record of the id cached under
+        ``content_hash`` (so that records of one content are one object and
+        compare in O(1))."""
+        cached_id = self._cached_blocks.get(content_hash)  # type: ignore[arg-type]
+        if cached_id is not None:
+            known = self._contents[cached_id]
+            if same_content(known, record):
+                return known
+        return record
+
+    def _content_of(self, block: Optional[Block],
+                    memo: Optional[Dict[int, Content]] = None) -> Optional[Content]:
+        """The content record of the hashed ``block`` (None for no block): the
+        record of the cached id it sits on, else spelled from its chain.
+        ``memo`` (Block identity -> record) is read and extended."""
+        pending: List[Block] = []
+        record: Optional[Content] = None
+        while block is not None:
+            if memo is not None and id(block) in memo:
+                record = memo[id(block)]
+                break
+            block_id = block.block_id
+            if (getattr(block, "_allocator", None) is self and block_id is not None
+                    and self._cached_blocks.get(block.content_hash) == block_id):
+                record = self._contents[block_id]
+                break
+            pending.append(block)
+            block = block.prev_block
+        for earlier in reversed(pending):
+            record = self._interned((record, tuple(earlier.token_ids), earlier.extra_hash),
+                                    earlier.content_hash)
+            if memo is not None:
+                memo[id(earlier)] = record
+        return record
+
+    def _verified_demand(self, hashes: Sequence[Optional[int]],
+                         records: Sequence[Optional[Content]], parents: Iterable[int]) -> int:
+        """``_demand`` when verifying content: how many free-or-evictable ids a
+        run takes, one per block in order (hash None: a mutable block), the
+        parent of each being the run's block at the index given (-1: none in
+        the run).  A block takes none when it hits an id in use or one that
+        an earlier block of the run holds; a block whose hash names other
+        content, or whose parent got none, takes one and gets no content."""
+        cached = self._cached_blocks
+        contents = self._contents
+        refcounts = self._refcounts
+        pending: Dict[int, Optional[Content]] = {}
+        plain: List[bool] = []
+        needed = 0
+        for content_hash, record, parent in zip(hashes, records, parents):
+            outcome = _PLAIN
+            if content_hash is not None and (parent < 0 or not plain[parent]):
+                if content_hash in pending:
+                    if same_content(pending[content_hash], record):
+                        outcome = _HIT
+                else:
+                    cached_id = cached.get(content_hash)
+                    if cached_id is None:
+                        outcome = _NEW
+                        pending[content_hash] = record
+                    elif same_content(contents[cached_id], record):
+                        outcome = _HIT
+                        pending[content_hash] = record
+                        needed += refcounts[cached_id] == 0
+            plain.append(outcome == _PLAIN)
+            needed += outcome != _HIT
+        return needed
+
+    def _verified_id(self, content_hash: int, record: Content,
+                     after_plain: bool) -> Tuple[BlockId, int]:
+        """The id of one hashed block of a verifying allocation, and what it
+        was: ``_HIT`` the cached id of this very content (one more
+        reference); ``_NEW`` a fresh id cached under the hash and touched;
+        ``_PLAIN`` a fresh id without content, when the hash still names
+        other content once the id is taken, or the block follows a
+        ``_PLAIN`` one.  One query."""
+        cached_id = None if after_plain else self._cached_blocks.get(content_hash)
+        if cached_id is not None and same_content(self._contents[cached_id], record):
+            self.metric_data.query(True)
+            self._acquire_cached(cached_id)
+            return cached_id, _HIT
+        self.metric_data.query(False)
+        block_id = self._take_id()  # (which may evict the other content)
+        if after_plain or content_hash in self._cached_blocks:
+            return block_id, _PLAIN
+        self._cached_blocks[content_hash] = block_id
+        self._touched_blocks.add(block_id)
+        self._contents[block_id] = record
+        return block_id, _NEW
+
+    def _allocate_verified(
+        self, prev_block: Optional[Block], block_token_ids: List[List[int]],
+        extra_hash: Optional[int], hashes: List[int],
+    ) -> List[Block]:
+        """``allocate_immutable_blocks`` when verifying content (arguments
+        checked, ``hashes`` computed): all or nothing."""
+        record = self._content_of(prev_block)
+        records: List[Content] = []
+        for token_ids, content_hash in zip(block_token_ids, hashes):
+            record = self._interned((record, tuple(token_ids), extra_hash), content_hash)
+            records.append(record)
+        self._check_capacity(self._verified_demand(hashes, records, range(-1, len(hashes) - 1)))
+        blocks: List[Block] = []
+        plain = False
+        for token_ids, content_hash, record in zip(block_token_ids, hashes, records):
+            block_id, outcome = self._verified_id(content_hash, record, plain)
+            block = self._pooled_block(prev_block, token_ids, block_id, extra_hash)
+            if outcome == _PLAIN:
+                block._unhashable = plain = True
+            else:
+                block._cached_content_hash = content_hash
+                block._computed = outcome == _HIT
+            blocks.append(block)
+            prev_block = block
+        return blocks
+
+    def _swap_in_plan(
+        self, blocks: List[Block]
+    ) -> Tuple[List[Optional[int]], List[Optional[Content]], List[int]]:
+        """Each block's hash, content record and parent index in ``blocks``
+        (-1 when its previous block is not listed before it)."""
+        memo: Dict[int, Content] = {}
+        index: Dict[int, int] = {}
+        hashes: List[Optional[int]] = []
+        records: List[Optional[Content]] = []
+        parents: List[int] = []
+        for position, block in enumerate(blocks):
+            content_hash = block.content_hash
+            hashes.append(content_hash)
+            records.append(None if content_hash is None else self._content_of(block, memo))
+            parents.append(index.get(id(block.prev_block), -1))
+            index[id(block)] = position
+        return hashes, records, parents
+
     # -- the id mechanics (no checks: callers checked) ----------------------------
 
     def _take_id(self) -> BlockId:
@@ -266,6 +453,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         elif self.evictor.free_table:
             block_id, content_hash = self.evictor.evict()
             del self._cached_blocks[content_hash]
+            if self._verify_content:
+                del self._contents[block_id]
             self._touched_blocks.discard(block_id)
             log = self._prefix_memo._log  # PrefixMemo.evicted, inline
             log.append(content_hash)
@@ -300,16 +489,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if count == 1:
             self._untrack(block_id)
             self._free_ids.appendleft(block_id)
-
-    def _release_cached(self, block_id: BlockId, content_hash: int, num_tokens: int) -> None:
-        """One reference less to an immutable id; at 0 it becomes evictable
-        with its tracked access time."""
-        count = self._refcounts[block_id] - 1
-        self._refcounts[block_id] = count
-        if count == 0:
-            tracker = self._block_tracker[block_id]
-            self.evictor.add(block_id, content_hash, num_tokens, tracker.last_accessed)
-            self._untrack(block_id)
 
     def _untrack(self, block_id: BlockId) -> None:
         tracker = self._block_tracker[block_id]
@@ -422,6 +601,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         either way; nothing changes when NoFreeBlocksError is raised."""
         self._check_new_block_args(prev_block, extra_hash, device)
         (content_hash,) = self._full_block_hashes(prev_block, [token_ids], extra_hash)
+        if self._verify_content:
+            return self._allocate_verified(prev_block, [token_ids], extra_hash,
+                                           [content_hash])[0]
         self._check_capacity(self._demand((content_hash,)))
         return self._allocate_full(prev_block, token_ids, extra_hash, content_hash)
 
@@ -438,6 +620,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._check_new_block_args(prev_block, extra_hash, device)
         check_list_of_lists(block_token_ids, "block_token_ids")
         hashes = self._full_block_hashes(prev_block, block_token_ids, extra_hash)
+        if self._verify_content:
+            return self._allocate_verified(prev_block, block_token_ids, extra_hash, hashes)
         self._check_capacity(self._demand(hashes))
         # _allocate_full for each block, with _acquire_cached inline
         cached = self._cached_blocks
@@ -478,7 +662,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         New content: the id is cached under the hash and touched (shared, not
         yet computed).  Content already cached: the block's own id drops its
         reference (free again, on the left, at 0) and the block moves to the
-        cached id as on a hit.  Not a hit-rate query."""
+        cached id as on a hit.  With ``verify_content``, a hash cached for
+        other content leaves the block on its id without a content hash.
+        Not a hit-rate query."""
         block_id = self._check_owned(block)
         content_hash = block.content_hash
         if content_hash is None:
@@ -487,8 +673,16 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if cached_id == block_id:
             raise ImmutableBlockError(f"block {block_id} is already immutable")
         if cached_id is None:
+            if self._verify_content:
+                self._contents[block_id] = self._content_of(block)  # type: ignore[assignment]
             self._cached_blocks[content_hash] = block_id
             self._touched_blocks.add(block_id)
+            return block_id
+        if self._verify_content and not same_content(self._contents[cached_id],
+                                                     self._content_of(block)):
+            # a collision: the block keeps its id and has no content hash
+            block._cached_content_hash = None  # type: ignore[attr-defined]
+            block._unhashable = True  # type: ignore[attr-defined]
             return block_id
         self._release_hashless(block_id)
         self._acquire_cached(cached_id)
@@ -587,32 +781,38 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         return self._hashless_allocator.all_block_ids
 
     def is_block_cached(self, block: Block) -> bool:
-        """Whether ``block``'s content hash is cached (UnhashableBlockError
-        when it has none)."""
+        """Whether ``block``'s content hash is cached (with ``verify_content``:
+        for this very content).  UnhashableBlockError when it has none."""
         if not isinstance(block, Block):
             raise WrongTypeError(f"expected a Block, got {type(block).__name__}")
         content_hash = block.content_hash
         if content_hash is None:
             raise UnhashableBlockError("the block has no content hash")
-        return content_hash in self._cached_blocks
+        cached_id = self._cached_blocks.get(content_hash)
+        if cached_id is None:
+            return False
+        return not self._verify_content or same_content(self._contents[cached_id],
+                                                        self._content_of(block))
 
     def block_is_computed(self, block_id: int) -> bool:
         """Whether the KV of ``block_id`` is computed: the tracked flag of an
         id in use; for an evictable id, True unless it was promoted and not
         yet marked computed; False for a free id."""
         try:
-            tracker = self._block_tracker.get(block_id)
+            known = block_id in self._refcounts
         except TypeError as exc:
             raise WrongTypeError(f"a block id must be an int, got {block_id!r}") from exc
-        if tracker is None:
+        if not known:
             raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
-        if tracker.active:
+        tracker = self._block_tracker.get(block_id)
+        if tracker is not None and tracker.active:
             return tracker.computed
         return block_id in self.evictor and block_id not in self._touched_blocks
 
     def get_num_full_blocks_touched(self, blocks: List[Block]) -> int:
-        """How many of ``blocks`` are full and would take an id: not cached,
-        or cached on an evictable id.  Repeats count each time."""
+        """How many of ``blocks`` are full and would take an id: not cached
+        (with ``verify_content``: not for this very content), or cached on
+        an evictable id.  Repeats count each time."""
         check_blocks(blocks)
         cached = self._cached_blocks
         evictor = self.evictor
@@ -621,7 +821,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if block.is_full:
                 content_hash = block.content_hash
                 cached_id = None if content_hash is None else cached.get(content_hash)
-                if cached_id is None or cached_id in evictor:
+                if cached_id is None or cached_id in evictor or (
+                        self._verify_content and not same_content(self._contents[cached_id],
+                                                                  self._content_of(block))):
                     touched += 1
         return touched
 
@@ -633,31 +835,53 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """The longest prefix of ``block_hashes`` whose blocks are all cached
         and computed (a new list).  A cached id is computed exactly when it
         is not touched (the spec's ``touched_not_computed`` and
-        ``untouched_content_computed``).  O(length) in C; for a list asked
-        about before, O(1) per hash appended or evicted since (see
+        ``untouched_content_computed``).  O(length); for a list asked about
+        before, O(length) in C plus O(1) per hash appended or evicted since (see
         :mod:`prefixcache.impl.prefix_memo`).  WrongTypeError unless it is
         a list or tuple of hashable values."""
         memo = self._prefix_memo
         entry = memo._entries.get(id(block_hashes))
-        if entry is not None and entry.source is block_hashes and block_hashes == entry.snapshot:
-            # PrefixMemo.find's most common case, inline: the list is unchanged
-            # and was all cached and computed; only evictions since can cut it.
-            log = memo._log
-            if entry.log_position != len(log):
-                news = log[entry.log_position:]
-                if not entry.positions.keys().isdisjoint(news):
-                    memo.cut(entry, news)
-                entry.log_position = len(log)
-            if entry.length == len(block_hashes):
-                return block_hashes[:]
-        if type(block_hashes) is not list and not isinstance(block_hashes, (list, tuple)):
-            raise WrongTypeError(
-                f"block_hashes must be a list of ints, got {type(block_hashes).__name__}")
         try:
-            return self._prefix_memo.find(block_hashes, self._cached_blocks,
-                                          self._touched_blocks)
+            if (entry is not None and entry.source is block_hashes
+                    and block_hashes == entry.snapshot):
+                # PrefixMemo.find's most common case, inline: the list is
+                # unchanged; only evictions since can cut its prefix, and only
+                # hashes after the prefix can extend it.
+                if entry.log_position != len(memo._log):
+                    memo.catch_up(entry)
+                if entry.length == len(block_hashes):
+                    return block_hashes[:]
+                return memo.extend(entry, block_hashes, self._cached_blocks,
+                                   self._touched_blocks)
+            if type(block_hashes) is list or isinstance(block_hashes, (list, tuple)):
+                return memo.find(block_hashes, self._cached_blocks, self._touched_blocks)
         except TypeError as exc:
             raise WrongTypeError(f"block_hashes must be a list of ints: {exc}") from exc
+        raise WrongTypeError(
+            f"block_hashes must be a list of ints, got {type(block_hashes).__name__}")
+
+    def find_verified_blocks_prefix(self, block_hashes: List[int], token_ids: List[int],
+                                    extra_hash: Optional[int] = None) -> List[int]:
+        """``find_cached_blocks_prefix(block_hashes)`` cut, with
+        ``verify_content``, before the first block whose cached content is
+        not the sequence's: block ``i`` of ``token_ids`` (its tokens
+        ``i * block_size`` to ``(i + 1) * block_size``) with ``extra_hash``,
+        after the blocks before it.  Without ``verify_content`` it is
+        ``find_cached_blocks_prefix(block_hashes)``.  O(prefix tokens)."""
+        check_token_types(token_ids)
+        check_extra_hash(extra_hash)
+        found = self.find_cached_blocks_prefix(block_hashes)
+        if not self._verify_content:
+            return found
+        size = self._block_size
+        parent: Optional[Content] = None
+        for index, content_hash in enumerate(found):
+            record = self._contents[self._cached_blocks[content_hash]]
+            if (record[1] != tuple(token_ids[index * size:(index + 1) * size])
+                    or record[2] != extra_hash or not same_content(record[0], parent)):
+                return found[:index]
+            parent = record
+        return found
 
     # -- access times and the computed flag ------------------------------------------------
 
@@ -669,21 +893,24 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         check_timestamp(now)
         if not isinstance(block_ids, (list, tuple)):
             raise WrongTypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
+        refcounts = self._refcounts
         trackers = self._block_tracker
+        evictable = self.evictor.free_table
         for block_id in block_ids:
-            tracker = trackers.get(block_id) if type(block_id) is int else None
-            if tracker is None:
+            if type(block_id) is not int or block_id not in refcounts:
                 raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
-            if not tracker.active and block_id not in self.evictor:
+            tracker = trackers.get(block_id)
+            if (tracker is None or not tracker.active) and block_id not in evictable:
                 raise BlockNotOnDeviceError(
                     "Mark block as accessed which is not belonged to GPU"
                 )
+        update = self.evictor.update
         for block_id in block_ids:
             tracker = trackers[block_id]
             if tracker.active:
                 tracker.last_accessed = now
             else:
-                self.evictor.update(block_id, now)
+                update(block_id, now)
 
     def mark_blocks_as_computed(self, block_ids: List[int]) -> None:
         """Mark every touched id computed and clear the touched set (the
@@ -711,7 +938,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if not lists:
             return []
         low, high = min(lists), max(lists)
-        if low == high:  # all alike (the samples of one request, say)
+        if high[:len(low)] == low:  # each a prefix of the next (or all alike)
             return list(low)
         differs = list(map(ne, low, high))  # up to the shorter one's end
         length = differs.index(True) if True in differs else len(differs)
@@ -731,6 +958,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def swap_in_demand(self, blocks: List[Block]) -> int:
         """How many free-or-evictable ids ``swap_in(blocks)`` takes."""
+        if self._verify_content:
+            return self._verified_demand(*self._swap_in_plan(blocks))
         return self._demand(block.content_hash for block in blocks)
 
     def swap_in(self, blocks: List[Block]) -> None:
@@ -743,6 +972,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                 raise WrongTypeError(f"expected a PrefixCachingBlock, got {type(block).__name__}")
         check_detached(blocks)
         check_distinct_blocks(blocks)
+        if self._verify_content:
+            self._swap_in_verified(blocks)
+            return
         self._check_capacity(self.swap_in_demand(blocks))
         for block in blocks:
             content_hash = block.content_hash
@@ -758,9 +990,33 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                     block_id = self._take_id()
                     self._cached_blocks[content_hash] = block_id
                     self._touched_blocks.add(block_id)
-            block._block_id = block_id  # type: ignore[attr-defined]
-            self._block_pool.adopt(block)
-            block._allocator = self  # type: ignore[attr-defined]
+            self._adopt(block, block_id)
+
+    def _swap_in_verified(self, blocks: List[Block]) -> None:
+        """``swap_in`` when verifying content (arguments checked): a block
+        whose hash names other content, or whose previous block (listed
+        before it) got none, gets a fresh id and loses its content hash."""
+        hashes, records, parents = self._swap_in_plan(blocks)
+        self._check_capacity(self._verified_demand(hashes, records, parents))
+        plain: List[bool] = []
+        for block, content_hash, record, parent in zip(blocks, hashes, records, parents):
+            if content_hash is None:
+                block_id, outcome = self._take_id(), _PLAIN
+            else:
+                block_id, outcome = self._verified_id(
+                    content_hash, record, parent >= 0 and plain[parent])  # type: ignore[arg-type]
+                if outcome == _PLAIN:
+                    block._cached_content_hash = None  # type: ignore[attr-defined]
+                    block._unhashable = True  # type: ignore[attr-defined]
+            plain.append(outcome == _PLAIN)
+            self._adopt(block, block_id)
+
+    def _adopt(self, block: Block, block_id: BlockId) -> None:
+        """Attach the swapped-in ``block`` to ``block_id``; it becomes this
+        allocator's (and its pool's)."""
+        block._block_id = block_id  # type: ignore[attr-defined]
+        self._block_pool.adopt(block)
+        block._allocator = self  # type: ignore[attr-defined]
 
     # -- reset --------------------------------------------------------------------------
 
@@ -779,6 +1035,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             block_id, content_hash = self.evictor.evict()
             del self._cached_blocks[content_hash]
             self._free_ids.appendleft(block_id)
+        self._contents.clear()
         self.evictor = make_evictor(self.eviction_policy)
         self._prefix_memo.clear()
         self._touched_blocks.clear()
@@ -987,7 +1244,8 @@ def assert_prefix_caching_block_or_none(block: Optional[Block]) -> None:
 
 class ComputedBlocksTracker:
     """Per sequence: the content hashes of its full blocks (extended as it
-    grows) and how many of its tokens are cached and computed.
+    grows) and how many of its tokens are cached and computed (and, on an
+    allocator with ``verify_content``, hold the sequence's very content).
 
     Hashes the way the GPU allocator does (its ``content_hash_function``,
     vLLM's builtin hash when it has none)."""
@@ -1003,18 +1261,17 @@ class ComputedBlocksTracker:
         self._seq_id_to_blocks_hashes: Dict[int, List[int]] = {}
         self._seq_id_to_num_tokens_computed: Dict[int, int] = {}
 
-    def _update_seq_hashes(self, seq: object) -> List[int]:
+    def _update_seq_hashes(self, seq: object, token_ids: List[int],
+                           extra_hash: Optional[int]) -> List[int]:
         """Extend the recorded hashes of ``seq`` to its current full blocks."""
         seq_id: int = seq.seq_id  # type: ignore[attr-defined]
         hashes = self._seq_id_to_blocks_hashes.setdefault(seq_id, [])
-        token_ids: List[int] = seq.get_token_ids()  # type: ignore[attr-defined]
         size = self._block_size
         if len(token_ids) < len(hashes) * size:
             raise InvalidArgumentError(
                 f"sequence {seq_id} shrank below the {len(hashes)} blocks already recorded"
             )
         parent: Optional[int] = hashes[-1] if hashes else None
-        extra_hash = seq.extra_hash()  # type: ignore[attr-defined]
         for start in range(len(hashes) * size, len(token_ids) - size + 1, size):
             parent = self._hash_fn(parent, token_ids[start:start + size], extra_hash)
             hashes.append(parent)
@@ -1025,12 +1282,18 @@ class ComputedBlocksTracker:
         is off).  While the sequence is in prefill, the first answer sticks."""
         if not self._enable_caching:
             return 0
-        hashes = self._update_seq_hashes(seq)
+        token_ids: List[int] = seq.get_token_ids()  # type: ignore[attr-defined]
+        extra_hash: Optional[int] = seq.extra_hash()  # type: ignore[attr-defined]
+        hashes = self._update_seq_hashes(seq, token_ids, extra_hash)
         seq_id: int = seq.seq_id  # type: ignore[attr-defined]
         previous = self._seq_id_to_num_tokens_computed.get(seq_id)
         if previous is not None and seq.is_prefill():  # type: ignore[attr-defined]
             return previous
-        cached = self._allocator.find_cached_blocks_prefix(hashes)  # type: ignore[attr-defined]
+        verified = getattr(self._allocator, "find_verified_blocks_prefix", None)
+        if verified is not None:  # checks the cached content too (verify_content)
+            cached = verified(hashes, token_ids, extra_hash)
+        else:
+            cached = self._allocator.find_cached_blocks_prefix(hashes)  # type: ignore[attr-defined]
         num_tokens = len(cached) * self._block_size
         self._seq_id_to_num_tokens_computed[seq_id] = num_tokens
         return num_tokens

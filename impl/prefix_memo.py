@@ -20,7 +20,6 @@ beyond either it starts over, which costs one full examination per list.
 
 from __future__ import annotations
 
-from itertools import takewhile
 from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence
 
 
@@ -82,6 +81,16 @@ class PrefixMemo:
         entry.length = length
         return length
 
+    def catch_up(self, entry: _Entry) -> None:
+        """Cut ``entry``'s prefix by the evictions logged since it last read
+        the log."""
+        log = self._log
+        if entry.log_position != len(log):
+            news = log[entry.log_position:]
+            if not entry.positions.keys().isdisjoint(news):
+                self.cut(entry, news)
+            entry.log_position = len(log)
+
     def find(self, block_hashes: List[int], cached: Mapping[int, int],
              touched: AbstractSet[int]) -> List[int]:
         """The longest prefix of ``block_hashes`` (a slice of it) whose hashes
@@ -92,26 +101,27 @@ class PrefixMemo:
         entry = self._entries.get(id(block_hashes))
         if entry is not None and entry.source is block_hashes:
             snapshot = entry.snapshot
-            if block_hashes == snapshot:
-                grown = False
-            elif len(block_hashes) > len(snapshot) and block_hashes[:len(snapshot)] == snapshot:
-                grown = True
-            else:
-                entry = None
-            if entry is not None:
-                length = entry.length
-                log = self._log
-                if entry.log_position != len(log):
-                    news = log[entry.log_position:]
-                    if not entry.positions.keys().isdisjoint(news):
-                        length = self.cut(entry, news)
-                    entry.log_position = len(log)
-                if length < len(block_hashes):
-                    entry.length = length = _scan(block_hashes, length, cached, touched,
-                                                  entry.positions)
-                    if grown:
-                        entry.snapshot = block_hashes[:]
-                return block_hashes[:length]
+            if block_hashes != snapshot:
+                if len(block_hashes) <= len(snapshot) or block_hashes[:len(snapshot)] != snapshot:
+                    return self._remember(block_hashes, cached, touched)
+                entry.snapshot = block_hashes[:]
+            self.catch_up(entry)
+            return self.extend(entry, block_hashes, cached, touched)
+        return self._remember(block_hashes, cached, touched)
+
+    def extend(self, entry: _Entry, block_hashes: List[int], cached: Mapping[int, int],
+               touched: AbstractSet[int]) -> List[int]:
+        """``find`` for ``entry``'s own list, equal to its snapshot and caught
+        up with the evictions: the remembered prefix, scanned on from its end."""
+        length = entry.length
+        if length < len(block_hashes):
+            entry.length = length = _scan(block_hashes, length, cached, touched,
+                                          entry.positions)
+        return block_hashes[:length]
+
+    def _remember(self, block_hashes: List[int], cached: Mapping[int, int],
+                  touched: AbstractSet[int]) -> List[int]:
+        """``find`` for a list examined afresh, remembered from now on."""
         length = _scan(block_hashes, 0, cached, touched, None)
         entries = self._entries
         if len(entries) >= self.capacity:
@@ -124,13 +134,15 @@ def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
           touched: AbstractSet[int], positions: Optional[Dict[int, int]]) -> int:
     """The end of the cached, untouched run of ``block_hashes`` from
     ``start``; its hashes are added to ``positions`` (first index wins)."""
-    run = list(takewhile(cached.__contains__, block_hashes[start:] if start else block_hashes))
-    if touched and run and not touched.isdisjoint(map(cached.__getitem__, run)):
-        for index, content_hash in enumerate(run):
-            if cached[content_hash] in touched:
-                del run[index:]
-                break
-    if positions is not None:
-        for offset, content_hash in enumerate(run):
-            positions.setdefault(content_hash, start + offset)
-    return start + len(run)
+    end = start
+    stop = len(block_hashes)
+    get = cached.get
+    while end < stop:
+        content_hash = block_hashes[end]
+        block_id = get(content_hash)
+        if block_id is None or block_id in touched:
+            break
+        if positions is not None:
+            positions.setdefault(content_hash, end)
+        end += 1
+    return end

@@ -26,6 +26,8 @@ class DeviceModel:
     ) -> None:
         """Both devices with every id free; no swap recorded; no null block yet."""
         g, c = num_gpu_blocks, num_cpu_blocks
+        if not all(type(n) is int and n >= 0 for n in (g, c)):
+            raise err.InvalidArgumentError("the block counts must be ints >= 0")
         self.gpu = Model(g, block_size, range(g), **options)
         self.cpu = Model(c, block_size, range(g, g + c), **options)
         self._swaps: dict[int, int] = {}

@@ -19,7 +19,6 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from ..impl import errors as err
-from ..spec.pure import bucketed_hit_rate
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState, ContentKey, EvictorEntry
 from .errors import ChoiceNotAllowed, ModelInvariantError
 from .handles import ChainKey, Handle, chain
@@ -281,12 +280,13 @@ class Model:
     @_operation
     def swap_out(self, blocks: Sequence[Handle]) -> None:
         """``free`` each handle in turn; the handles keep their tokens.  A
-        handle listed twice: RefCountError (it holds one reference)."""
-        hs: list[Handle] = []
-        for b in blocks:
-            hs.append(self._own(b, attached=True))
-            if any(h is hs[-1] for h in hs[:-1]):
-                raise err.RefCountError("a block is listed twice: it holds one reference")
+        handle listed twice: InvalidArgumentError; more handles on an id
+        than it has references: RefCountError."""
+        hs = [self._own(b, attached=True) for b in blocks]
+        if len({id(h) for h in hs}) < len(hs):
+            raise err.InvalidArgumentError("a block is listed twice")
+        if any(self._ref[i] < n for i, n in Counter(cast(int, h.block_id) for h in hs).items()):
+            raise err.RefCountError("an id is released more often than it is referenced")
         for h in hs:
             self._detach(h)
 
@@ -407,10 +407,15 @@ class Model:
         queries), bit for bit; 0.0 before any query; -1 without a cache.  No effect."""
         if not self.caching:
             return -1
-        done = len(self._buckets) * _BUCKET
-        open_hits = self._hits - sum(self._buckets)
-        return bucketed_hit_rate(self._buckets, open_hits, self._hits + self._misses - done,
-                                 _BUCKET)
+        nb, rate = len(self._buckets), 0.0
+        for k, hits in enumerate(self._buckets):  # the running average, folded as vLLM does
+            rate = (rate * k + hits / _BUCKET) / (k + 1)
+        q = self._hits + self._misses - nb * _BUCKET
+        ratio = q / _BUCKET
+        if nb + ratio == 0:
+            return 0.0
+        part = (self._hits - sum(self._buckets)) / q * ratio if q > 0 else 0.0
+        return ((rate * nb if nb > 0 else 0.0) + part) / (nb + ratio)
 
     def get_num_free_blocks(self, device: None = None) -> int:
         """Free ids plus evictable ids: exactly how many allocations can succeed."""
@@ -550,13 +555,19 @@ class Model:
     def _own(self, h: object, attached: bool = False, foreign_ok: bool = False) -> Handle:
         """``h`` itself, once known to be a handle (WrongTypeError), attached
         if asked (DetachedBlockError), and this model's unless another's is
-        fine (ForeignBlockError), checked in that order."""
+        fine (ForeignBlockError), and, if attached, on a managed id
+        (UnknownBlockIdError) that holds a reference (RefCountError), checked
+        in that order."""
         if not isinstance(h, Handle):
             raise err.WrongTypeError(f"not a block handle: {h!r}")
         if attached and h.block_id is None:
             raise err.DetachedBlockError("the block is detached (freed or swapped out)")
         if h.owner is not self and not foreign_ok:
             raise err.ForeignBlockError("the block belongs to another allocator")
+        if attached and h.block_id not in self._ref:
+            raise err.UnknownBlockIdError(f"block id {h.block_id} is not managed here")
+        if attached and self._ref[cast(int, h.block_id)] == 0:
+            raise err.RefCountError(f"block id {h.block_id} holds no reference (a stale block)")
         return h
 
     def _check_new(self, prev: object, extra: Any, device: object) -> Extra:

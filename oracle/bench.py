@@ -51,6 +51,7 @@ from .targets import Target, TargetError, resolve_target
 from .workload import WorkloadConfig
 
 VLLM = "vllm"
+VERIFY_CONTENT = "verify-content"
 DEFAULT_SCALING_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 
 #: ``--clock``: wall time, or the CPU time of this process (steadier on a
@@ -153,11 +154,22 @@ def vllm_target(cache_dir: Optional[str] = None) -> Target:
                   build=lambda n, size: cls(num_blocks=n, block_size=size))
 
 
+def verify_content_target() -> Target:
+    """prefixcache.impl's PrefixCachingBlockAllocator with ``verify_content=True``."""
+    from ..impl.prefix_caching_block import PrefixCachingBlockAllocator
+
+    return Target(name="prefixcache.impl (verify_content=True)", kind="prefix",
+                  build=lambda n, size: PrefixCachingBlockAllocator(
+                      num_blocks=n, block_size=size, verify_content=True))
+
+
 def load_target(name: Optional[str], vllm_cache: Optional[str] = None) -> Target:
-    """The target ``name`` names (``vllm``, ``MODULE:CLASS`` or None for
-    prefixcache.impl).  Raises TargetError."""
+    """The target ``name`` names (``vllm``, ``verify-content``, ``MODULE:CLASS``
+    or None for prefixcache.impl).  Raises TargetError."""
     if name == VLLM:
         return vllm_target(vllm_cache)
+    if name == VERIFY_CONTENT:
+        return verify_content_target()
     target = resolve_target(name)
     if target.kind != "prefix":
         raise TargetError(f"bench times prefix-caching allocators with vLLM's single-device "
@@ -417,9 +429,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prefixcache bench``."""
     parser.add_argument("--target", default=None, metavar="MODULE:CLASS",
                         help="the allocator to time (default: prefixcache.impl's "
-                             "PrefixCachingBlockAllocator)")
+                             "PrefixCachingBlockAllocator; 'verify-content': the same with "
+                             "verify_content=True)")
     parser.add_argument("--against", default=None, metavar="MODULE:CLASS",
-                        help="a second allocator timed in the same run ('vllm': vLLM 0.8.5)")
+                        help="a second allocator timed in the same run ('vllm': vLLM 0.8.5; "
+                             "'verify-content' as for --target)")
     parser.add_argument("--blocks", type=int, default=1024,
                         help="blocks of the roomy pool (default 1024)")
     parser.add_argument("--tight-blocks", type=int, default=256,

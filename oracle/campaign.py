@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import hypothesis.core
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from .machine import Stats, make_machine
 from .profiles import PROFILES, default_profile, profile_settings
-from .targets import DEFAULT_TARGET, KINDS, TargetError, resolve_target
+from .targets import DEFAULT_TARGET, KINDS, TargetError, _load, resolve_target
 from .trace import render
 from .violations import Violation
 
@@ -91,11 +91,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the allocator to judge (default: prefixcache.impl)")
     parser.add_argument("--kind", choices=KINDS, default=None,
                         help="prefix, naive or cpu_gpu (default: guessed from the class)")
+    parser.add_argument("--hash-algo", default=None, metavar="builtin|sha256|MODULE:FUNCTION",
+                        help="the target's hash_algo constructor argument (default: its own)")
     parser.add_argument("--relaxed", action="store_true",
                         help="accept any free id the spec allows (default: vLLM's id order)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=None, help="time budget")
     budget.add_argument("--examples", type=int, default=None, help="example budget")
+    budget.add_argument("--steps", type=int, default=None,
+                        help="step budget (whole batches of examples: a few more are run)")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     parser.add_argument("--no-mistakes", action="store_true",
                         help="generate valid call sequences only")
@@ -110,12 +114,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-out", default="prefixcache-failure.trace.json",
                         metavar="PATH", help="where to save the failing trace")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-shrink", action="store_true",
+                        help="stop at the first violation, unshrunk (shrinking can take minutes)")
+
+
+def target_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The constructor options ``--hash-algo`` asks for: ``{}`` without it,
+    else ``hash_algo`` as a name ("builtin", "sha256"), a function named
+    ``MODULE:FUNCTION``, or a callable given directly (from Python)."""
+    algo = getattr(args, "hash_algo", None)
+    if algo is None:
+        return {}
+    if isinstance(algo, str) and ":" in algo:
+        algo = _load(algo)
+    return {"hash_algo": algo}
 
 
 def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Outcome:
     """Run one worker's campaign; return what it found."""
     logging.getLogger("prefixcache").setLevel(logging.ERROR)  # refused resets are expected
-    target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed)
+    target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed,
+                            options=target_options(args))
     stats = Stats()
     machine = make_machine(target, mistakes=not args.no_mistakes,
                            white_box=not args.black_box, stats=stats)
@@ -127,11 +146,14 @@ def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Ou
     # is forced), so a campaign is reproducible and still uses the database.
     hypothesis.core.threadlocal._hypothesis_global_random = random.Random(
         args.seed * 1_000_003 + worker)
+    budget_steps = getattr(args, "steps", None)
     budget_examples = args.examples if args.examples is not None else (
-        None if args.seconds is not None else base.max_examples)
+        None if args.seconds is not None or budget_steps is not None else base.max_examples)
     while True:
         elapsed = time.monotonic() - start
         if args.seconds is not None and elapsed >= args.seconds:
+            break
+        if budget_steps is not None and stats.steps >= budget_steps:
             break
         if budget_examples is not None and stats.examples >= budget_examples:
             break
@@ -140,6 +162,9 @@ def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Ou
             size = max(1, min(size, budget_examples - stats.examples))
         run_settings = settings(base, max_examples=size, database=database, derandomize=False,
                                 print_blob=False)
+        if getattr(args, "no_shrink", False):
+            run_settings = settings(run_settings, report_multiple_bugs=False, phases=[
+                p for p in run_settings.phases if p not in (Phase.shrink, Phase.explain)])
         try:
             run_state_machine_as_test(machine, settings=run_settings)
         except Violation as violation:
@@ -226,8 +251,10 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
 
     console = Console(stderr=False)
     data = outcome.to_json()
+    algo = getattr(args, "hash_algo", None)
     console.print(f"[bold]prefixcache fuzz[/] target={args.target} "
-                  f"workers={args.workers} seed={args.seed}")
+                  + (f"hash_algo={algo} " if algo else "")
+                  + f"workers={args.workers} seed={args.seed}")
     console.print(f"steps: {data['steps']}  examples: {data['examples']}  "
                   f"seconds: {data['seconds']}  steps/s: {data['steps_per_second']}")
     table = Table(title="coverage (transitions and states reached)")
@@ -255,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         print("prefixcache fuzz: --workers must be >= 1", file=sys.stderr)
         return 2
     try:
-        resolve_target(args.target, kind=args.kind)
+        resolve_target(args.target, kind=args.kind, options=target_options(args))
     except TargetError as exc:
         print(f"prefixcache fuzz: {exc}", file=sys.stderr)
         return 2

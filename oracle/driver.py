@@ -34,6 +34,7 @@ from ..spec.abstraction import (
 )
 from ..spec.invariants import check_all
 from ..spec.state import AbstractState, ContentKey
+from .mistakes import SPECIAL_OPS, call_special
 from .targets import Target
 from .trace import BLOCK_ARGS, BLOCK_LIST_ARGS, Step, Trace
 from .violations import Violation
@@ -83,14 +84,15 @@ class Driver:
         self.model: Any
         if self.kind == "cpu_gpu":
             self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
-            self._device = _device_enum(self.allocator)
         elif self.kind == "naive":
             self.model = Model(num_blocks, block_size, caching=False, **options)
         else:
             self.model = Model(num_blocks, block_size, **options)
+        self._device = _device_enum(self.allocator)  # a mistake passes one to one device
         self.blocks: Dict[str, Any] = {}
         self.handles: Dict[str, Any] = {}
         self.hashes: Dict[str, int] = {}
+        self._queries: Dict[str, List[int]] = {}  # first name -> the target's list
         self.keys: Dict[str, ContentKey] = {}
         self.dead: Set[str] = set()
         self.events: Counter[str] = Counter()
@@ -192,10 +194,14 @@ class Driver:
     def _args(self, step: Step, side: str) -> Dict[str, Any]:
         args: Dict[str, Any] = {}
         for key, value in step.args.items():
+            if key == "tamper":  # applied to the Blocks themselves (see run)
+                continue
             if key in BLOCK_ARGS:
                 args[key] = self._block_arg(value, side)
             elif key in BLOCK_LIST_ARGS:
                 args[key] = [self._block_arg(v, side) for v in value]
+            elif key in ("device", "src_device", "dst_device") and isinstance(value, dict):
+                args[key] = value["raw"]  # not a device at all
             elif key in ("device", "src_device", "dst_device") and value is not None:
                 args[key] = self.device(value) if side == "target" else value
             else:
@@ -206,6 +212,8 @@ class Driver:
 
     def _call(self, side: str, op: str, args: Dict[str, Any]) -> Any:
         obj = self.allocator if side == "target" else self.model
+        if op in SPECIAL_OPS:
+            return call_special(self, side, op, args)
         if op == "append_token_ids":
             block = args.pop("block")
             if side == "target":
@@ -215,9 +223,9 @@ class Driver:
             return obj.all_block_ids
         if op == "find_cached_blocks_prefix":
             names = args.pop("names")
-            table = self.hashes if side == "target" else self.keys
-            query = [table[n] for n in names]
-            return obj.find_cached_blocks_prefix(query, **args)
+            if side == "target":
+                return obj.find_cached_blocks_prefix(self._standing_query(names), **args)
+            return obj.find_cached_blocks_prefix([self.keys[n] for n in names], **args)
         if side == "model":
             args.pop("keep_block_object", None)
             if "block" in args:  # the model names it ``handle``
@@ -228,6 +236,20 @@ class Driver:
             block.block_id = new_id  # as the Block's own append does with the answer
             return new_id
         return getattr(obj, op)(**args)
+
+    def _standing_query(self, names: List[str]) -> List[int]:
+        """The target's hash list for the chain ``names``: one list per chain,
+        asked about again and grown in place, as vLLM's ComputedBlocksTracker
+        asks about each running sequence's own list every step.  A target
+        that remembers lists by identity must still see every eviction."""
+        hashes = [self.hashes[n] for n in names]
+        if not names:
+            return hashes
+        query = self._queries.get(names[0])
+        if query is None or hashes[:len(query)] != query:  # shrunk or changed: a new list
+            query = self._queries[names[0]] = []
+        query.extend(hashes[len(query):])
+        return query
 
     def _chooser(self, target_ids: List[int]) -> Callable[[frozenset[int]], int]:
         """Relaxed mode: hand the model the target's fresh ids, in order."""
@@ -264,6 +286,7 @@ class Driver:
         self._event(f"op:{step.op}")
         t_args = self._args(step, "target")
         m_args = self._args(step, "model")
+        tampered = self._tamper(step.args.get("tamper") or {})
         t_exc: Optional[BaseException] = None
         t_res: Any = None
         try:
@@ -287,6 +310,7 @@ class Driver:
         except (err.PrefixCacheError, NotImplementedError) as exc:
             m_exc = exc
         try:
+            self._untamper(step, tampered, refused=m_exc is not None)
             if m_exc is not None:
                 self._judge_refusal(step, m_exc, t_exc, t_res)
             else:
@@ -297,12 +321,36 @@ class Driver:
             raise
         return t_res
 
+    def _tamper(self, ids: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+        """A caller who keeps a stale Block: give the named Blocks (and
+        their handles) another ``block_id`` for this step; returns what to
+        put back."""
+        saved = []
+        for name, block_id in ids.items():
+            saved.append((name, self.blocks[name].block_id, block_id))
+            self.blocks[name].block_id = self.handles[name].block_id = block_id
+        return saved
+
+    def _untamper(self, step: Step, saved: List[Tuple[str, Any, Any]], *,
+                  refused: bool) -> None:
+        for name, block_id, tampered in saved:
+            changed = self.blocks[name].block_id != tampered
+            self.blocks[name].block_id = self.handles[name].block_id = block_id
+            if changed and refused:
+                raise self._fail("robustness", f"{step.op} was refused but changed the id "
+                                 f"of block {name} (given {tampered})")
+
     def _check_integrity_of(self, step: Step, t_res: Any) -> None:
         """A call the spec refused but the target answered with Blocks: are
         they on ids that hold other content (a hit on someone else's KV)?"""
         if step.op not in ("allocate_immutable_block", "allocate_immutable_blocks"):
             return
         blocks = t_res if isinstance(t_res, list) else [t_res]
+        if self._white:  # a hit on an evictable id of other content: the hash collided
+            self.ledger.observe_blocks(blocks)
+            if self.ledger.collisions:
+                raise self._fail("integrity", f"{step.op}: the target answered through a "
+                                 "hash collision: " + "; ".join(self.ledger.anomalies()))
         for block in blocks:
             held = self._content_in_use_before(getattr(block, "block_id", None))
             if held is not None:

@@ -15,6 +15,7 @@ hashes None and 7).
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
@@ -29,6 +30,7 @@ from hypothesis.stateful import (
 )
 
 from .driver import Driver
+from .mistakes import possible_rows, provoke, rows_for
 from .targets import Target
 from .trace import Step
 
@@ -66,6 +68,7 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
     (optional) accumulates steps, examples and coverage across runs."""
 
     campaign = stats if stats is not None else Stats()
+    table_rows = rows_for(target.kind)
 
     class AllocatorMachine(RuleBasedStateMachine):
         """Drives ``target`` and the model in lockstep."""
@@ -80,6 +83,7 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
             self.swapped: List[Seq] = []
             self.detached: List[str] = []
             self.history: List[List[str]] = []
+            self.mistake_rank: Optional[Dict[str, int]] = None
             campaign.examples += 1
 
         # -- plumbing ----------------------------------------------------------
@@ -301,6 +305,21 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
             else:
                 self.run("find_cached_blocks_prefix", names=names)
 
+        @precondition(lambda self: self.history)
+        @rule()
+        def scheduler_step(self) -> None:
+            """As vLLM's scheduler does every step: ask how much of each recent
+            sequence (running, or preempted and waiting) is cached and computed,
+            with the sequence's own hash list, grown in place (the driver keeps
+            one list per chain), so a target that remembers the lists it was
+            asked about must see every eviction and promotion since."""
+            for chain in self.history[-6:]:
+                names = [n for n in chain if n in self.d.keys]
+                if self.d.kind == "cpu_gpu":
+                    self.run("find_cached_blocks_prefix", names=names, device="GPU")
+                else:
+                    self.run("find_cached_blocks_prefix", names=names)
+
         def pick_history(self, data: st.DataObject) -> List[str]:
             return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
 
@@ -405,91 +424,33 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
 
         if mistakes:
 
-            @precondition(lambda self: self.detached or self.swapped)
+            @precondition(lambda self: bool(possible_rows(self, table_rows)))
             @rule(data=st.data())
-            def mistake_free_detached(self, data: st.DataObject) -> None:
-                """Free (or fork) a Block that holds no id."""
-                pool = self.detached + [n for s in self.swapped for n in s.names]
-                name = data.draw(st.sampled_from(pool), label="detached")
-                op = data.draw(st.sampled_from(["free", "fork"]), label="op")
-                self.run(op, **({"block": name} if op == "free" else {"last_block": name}))
-
-            @precondition(lambda self: self.seqs)
-            @rule(data=st.data())
-            def mistake_overflow(self, data: st.DataObject) -> None:
-                """Append more tokens than the block has room for (or to a
-                full block)."""
-                seq = self.pick(data, self.seqs)
-                name = data.draw(st.sampled_from(seq.names), label="block")
-                room = self.handle(name).num_empty_slots
-                self.run("append_token_ids", block=name, token_ids=[0] * (room + 1))
-
-            @rule(data=st.data())
-            def mistake_unhashable(self, data: st.DataObject) -> None:
-                """An immutable block that is not full (or overfull)."""
-                size = self.block_size()
-                n = data.draw(st.sampled_from([0, size - 1, size + 1]) .filter(
-                    lambda k: k != size and k >= 0), label="tokens")
-                kw = self._alloc_args("GPU")
-                self.run("allocate_immutable_block", prev_block=None, token_ids=[1] * n,
-                         extra_hash=None, **kw)
-                if self.ok():  # a naive allocator takes a partial block
-                    self.seqs.append(Seq(self.d.trace.steps[-1].out, None))
-
-            @rule(data=st.data())
-            def mistake_unknown_id(self, data: st.DataObject) -> None:
-                """Name an id the allocator does not have, or a free one."""
-                free = sorted(self.d.model_states()["GPU" if self.d.kind == "cpu_gpu" else ""]
-                              .free)
-                block_id = data.draw(st.sampled_from([10_000] + free), label="id")
-                op = data.draw(st.sampled_from(["mark_blocks_as_accessed",
-                                                "get_physical_block_id"]), label="op")
-                if op == "mark_blocks_as_accessed":
-                    good = self.ids(self.seqs[0]) if self.seqs else []
-                    self.run(op, block_ids=good + [block_id], now=0)  # good ids first
-                elif self.d.kind == "cpu_gpu":
-                    self.run(op, device="GPU", absolute_id=10_000)
-                else:
-                    self.run(op, absolute_id=10_000)
-
-            @precondition(lambda self: self.seqs)
-            @rule(data=st.data())
-            def mistake_wrong_type(self, data: st.DataObject) -> None:
-                """A token that is not an int, or a prev_block that is not a Block."""
-                seq = self.pick(data, self.seqs)
-                if data.draw(st.booleans(), label="token"):
-                    self.run("append_token_ids", block=seq.names[-1], token_ids=["x"])
-                else:
-                    self.run("allocate_mutable_block", prev_block={"raw": "not a block"},
-                             extra_hash=None, **self._alloc_args(seq.device))
-
-            @rule(data=st.data())
-            def mistake_foreign_block(self, data: st.DataObject) -> None:
-                """A Block of another allocator."""
-                ops = ["free", "fork"] + (["cow"] if self.d.kind != "cpu_gpu" else [])
-                op = data.draw(st.sampled_from(ops))
-                if op == "free":
-                    self.run("free", block="@foreign")
-                elif op == "fork":
-                    self.run("fork", last_block="@foreign")
-                else:
-                    self.run("cow_block_if_not_appendable", block="@foreign")
-
-            @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
-            @rule(data=st.data())
-            def mistake_promote(self, data: st.DataObject) -> None:
-                """Promote a block by hand (blocks promote themselves)."""
-                seq = self.pick(data, self.seqs)
-                self.run("promote_to_immutable_block", block=seq.names[-1])
-
-            @precondition(lambda self: self.seqs)
-            @rule(data=st.data())
-            def mistake_swap_attached(self, data: st.DataObject) -> None:
-                """Swap in blocks that still hold ids, or swap out twice."""
-                if self.d.kind == "cpu_gpu":
-                    return
-                seq = self.pick(data, self.seqs)
-                self.run("swap_in", blocks=seq.names)
+            def caller_mistakes(self, data: st.DataObject) -> None:
+                """Caller mistakes, one to six different ones in a row (the
+                catalogue has dozens of rows, every other rule is one
+                operation): each a row of the error table that applies to the
+                target's kind and can be made now (oracle/mistakes.py).  The
+                rows are drawn from an order shuffled once per example, so
+                that the rows Hypothesis favours differ between examples."""
+                if self.mistake_rank is None:  # each example favours other rows
+                    seed = data.draw(st.integers(0, 2**32 - 1), label="order of the rows")
+                    order = [r.key for r in table_rows]
+                    random.Random(seed).shuffle(order)
+                    self.mistake_rank = {key: i for i, key in enumerate(order)}
+                rank = self.mistake_rank
+                done: List[str] = []
+                for _ in range(data.draw(st.integers(1, 6), label="how many")):
+                    rows = sorted((r for r in possible_rows(self, table_rows)
+                                   if r.key not in done), key=lambda r: rank[r.key])
+                    if not rows:
+                        return
+                    row = data.draw(st.sampled_from(rows), label="mistake")
+                    done.append(row.key)
+                    label = provoke(self, row, data)
+                    if label is not None:
+                        event(label)
+                        campaign.coverage[label] += 1
 
     AllocatorMachine.__name__ = f"AllocatorMachine_{target.kind}"
     return AllocatorMachine

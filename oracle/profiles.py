@@ -2,20 +2,25 @@
 
 ``ci`` is deterministic (derandomized, no example database) and is loaded
 automatically when the ``CI`` environment variable is set; ``dev`` is the
-default otherwise.
+default otherwise.  ``mutation`` is the short deterministic run that judges
+each mutant of impl/ (bench/mutation.py): derandomized, no database, no
+shrinking (a mutant is killed by the first failure; its shrunk form is not
+needed), so every mutant sees the same examples and a verdict is reproducible.
 """
 
 from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = {
     "dev": dict(max_examples=200, stateful_step_count=50),
     "ci": dict(max_examples=300, stateful_step_count=50, derandomize=True, database=None,
                print_blob=True),
     "nightly": dict(max_examples=20_000, stateful_step_count=100),
+    "mutation": dict(max_examples=60, stateful_step_count=50, derandomize=True, database=None,
+                     phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False),
 }
 
 _COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 DEFAULT_TARGET = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
 KINDS = ("prefix", "naive", "cpu_gpu")
@@ -90,18 +90,19 @@ def _naive_block_class(cls: type) -> Any:
     return block
 
 
-def _builder(target: Any, kind: str) -> Callable[[int, int], Any]:
+def _builder(target: Any, kind: str, options: Dict[str, Any]) -> Callable[[int, int], Any]:
     obj: Any = target
     is_class = inspect.isclass(target)  # kept apart: isclass() would narrow obj
     if kind == "cpu_gpu":
         allocator_type = "prefix_caching"
-        return lambda n, size: obj.create(allocator_type, n, n, size)
+        return lambda n, size: obj.create(allocator_type, n, n, size, **options)
     if kind == "naive" and is_class:
         block_cls = _naive_block_class(obj)
-        return lambda n, size: obj(create_block=block_cls, num_blocks=n, block_size=size)
+        return lambda n, size: obj(create_block=block_cls, num_blocks=n, block_size=size,
+                                   **options)
     if is_class:
-        return lambda n, size: obj(num_blocks=n, block_size=size)
-    return lambda n, size: obj(n, size)
+        return lambda n, size: obj(num_blocks=n, block_size=size, **options)
+    return lambda n, size: obj(n, size, **options)
 
 
 def resolve_target(
@@ -109,10 +110,13 @@ def resolve_target(
     *,
     kind: Optional[str] = None,
     strict: bool = True,
+    options: Optional[Dict[str, Any]] = None,
 ) -> Target:
     """The :class:`Target` that ``target`` names (default: prefixcache.impl's
     prefix-caching allocator).  ``kind`` overrides the guess from the
-    constructor.  Raises TargetError when it cannot be loaded."""
+    constructor; ``options`` are extra keyword arguments of every
+    construction (``hash_algo=...``).  Raises TargetError when it cannot be
+    loaded."""
     if target is None:
         target = DEFAULT_TARGET
     if kind is not None and kind not in KINDS:
@@ -127,4 +131,5 @@ def resolve_target(
         raise TargetError(f"a target is MODULE:CLASS or a callable, got {target!r}")
     if kind is None:
         kind = _guess_kind(obj) if inspect.isclass(obj) else "prefix"
-    return Target(name=name, kind=kind, build=_builder(obj, kind), strict=strict)
+    return Target(name=name, kind=kind, build=_builder(obj, kind, dict(options or {})),
+                  strict=strict)

@@ -105,7 +105,7 @@ def render_step(step: Step) -> str:
         if name in BLOCK_ARGS:
             parts.append(f"{name}={_arg(value)}")
         elif name in BLOCK_LIST_ARGS:
-            parts.append(f"{name}=[{', '.join(value)}]")
+            parts.append(f"{name}=[{', '.join(_arg(v) for v in value)}]")
         else:
             parts.append(f"{name}={value!r}")
     call = f"a.{step.op}({', '.join(parts)})"

@@ -766,10 +766,12 @@ def _build_cpu_gpu(prefix_cls: type, naive_cls: type) -> Type[CpuGpuBlockAllocat
 
         @staticmethod
         def create(allocator_type: str, num_gpu_blocks: int, num_cpu_blocks: int,
-                   block_size: int, *, hash_algo: Any = "builtin") -> Any:
+                   block_size: int, *, hash_algo: Any = "builtin",
+                   verify_content: bool = False) -> Any:
             """As ``CpuGpuBlockAllocator.create``, with checked allocators."""
             plain = CpuGpuBlockAllocator.create(allocator_type, num_gpu_blocks, num_cpu_blocks,
-                                                block_size, hash_algo=hash_algo)
+                                                block_size, hash_algo=hash_algo,
+                                                verify_content=verify_content)
             made: Dict[Any, Any] = {}
             for device in (Device.GPU, Device.CPU):
                 ids = sorted(plain._allocators[device].all_block_ids)  # type: ignore[attr-defined]
@@ -778,7 +780,8 @@ def _build_cpu_gpu(prefix_cls: type, naive_cls: type) -> Type[CpuGpuBlockAllocat
                                              block_size=block_size, block_ids=ids)
                 else:
                     made[device] = prefix_cls(num_blocks=len(ids), block_size=block_size,
-                                              block_ids=ids, hash_algo=hash_algo)
+                                              block_ids=ids, hash_algo=hash_algo,
+                                              verify_content=verify_content)
             return CheckedCpuGpuBlockAllocator(cpu_block_allocator=made[Device.CPU],
                                                gpu_block_allocator=made[Device.GPU])
 

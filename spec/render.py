@@ -196,11 +196,13 @@ def render_operations() -> str:
 
 def render_errors() -> str:
     """The error table: one row per caller mistake, grouped by operation."""
-    out = [_doc(error_table), "",
-           "| operation | mistake | raises | allocators |", "|---|---|---|---|"]
-    for row in error_table.ERROR_TABLE:
+    rows = error_table.ERROR_TABLE
+    out = [_doc(error_table), "", f"{len(rows)} rows.", "",
+           "| operation | mistake | raises | allocators | tag |", "|---|---|---|---|---|"]
+    for row in rows:
         out.append(f"| `{row.operation}` | {one_line(row.mistake)} | "
-                   f"`{row.exception.__name__}` | {', '.join(row.applies_to)} |")
+                   f"`{row.exception.__name__}` | {', '.join(row.applies_to)} | "
+                   f"`{row.tag}` |")
     return "\n".join(out) + "\n"
 
 
@@ -332,6 +334,14 @@ Keys are chained: the key of a block is its parent's key extended by this block'
 content, so a block after a block without content (not full, or unhashable) has no
 content either, and the longest cached prefix of a sequence is found by walking its keys
 from the first block. The exact spelling of a key is given in the next section.
+
+An implementation can close the gap itself: prefixcache.impl's allocator option
+`verify_content=True` keeps, for every cached id, the block's tokens and extra hash
+chained to its parent's record (the content key, in effect) and compares it on every
+hit, promotion, swap-in and prefix query. A block whose hash is cached for other content
+is a miss: it gets an id of its own and no content, like a block after an unhashable
+one, so the cached map still holds one id per hash and every invariant holds under
+collisions. Off (the default), the implementation trusts the hash, as vLLM does.
 """
 
 _STATE = """\

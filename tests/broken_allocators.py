@@ -47,8 +47,10 @@ from prefixcache.impl.common import check_timestamp, get_all_blocks_recursively
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
 from prefixcache.impl.errors import (
     BlockNotOnDeviceError,
+    DetachedBlockError,
     ImmutableBlockError,
     NoFreeBlocksError,
+    RefCountError,
     UnhashableBlockError,
     UnknownBlockIdError,
     WrongTypeError,
@@ -926,20 +928,21 @@ class MarkAccessedNotAtomic(PrefixCachingBlockAllocator):
     Each id is updated in turn and a free id raises when the loop reaches
     it: the ids before it were already marked, so a refused call changed
     the access times (and the eviction order).  A caller's mistake must
-    change nothing.  In :data:`MISSED`: the machine never passes a bad id
-    after a good one."""
+    change nothing.  In :data:`MISHANDLED`: the error table's provokers
+    pass the ids of a live sequence before the bad one."""
 
     FAULT = "mark_blocks_as_accessed() marks the ids before the bad one, then raises"
     EXPECTED = frozenset({"robustness"})
     INVARIANTS = ()
+    ROW = "mark_blocks_as_accessed:free-id"
 
     def mark_blocks_as_accessed(self, block_ids: List[int], now: float) -> None:
         check_timestamp(now)
         trackers = self._block_tracker
         for block_id in block_ids:  # FAULT: no validation pass before the first change
-            tracker = trackers.get(block_id) if type(block_id) is int else None
-            if tracker is None:
+            if type(block_id) is not int or block_id not in self._refcounts:
                 raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
+            tracker = trackers[block_id]
             if tracker.active:
                 tracker.last_accessed = now
             elif block_id in self.evictor:
@@ -1070,11 +1073,6 @@ MISSED: List[Tuple[type, str]] = [
      "(1-6) and sequences start on the GPU two times in three, so a full "
      "destination at the moment of a swap is rare (not reached in 300 "
      "examples; a different generation order caught it in ~4,500 steps)"),
-    (MarkAccessedNotAtomic,
-     "missing rule: the only mistake the machine makes with "
-     "mark_blocks_as_accessed is a one-element list (an unknown or free id), "
-     "so a call that marks the good ids before it reaches the bad one never "
-     "has anything to change first"),
 ]
 
 #: Every invariant name -> the broken allocators that break it by design.
@@ -1088,6 +1086,78 @@ CATEGORY_COVERAGE: Dict[str, List[str]] = {
     category: [cls.__name__ for cls, expected in BROKEN if category in expected]
     for category in ("conformance", "invariant", "integrity", "robustness")
 }
+
+
+# ----------------------------------------------------------------------------
+# mishandled caller mistakes (the error table's rows, oracle/mistakes.py)
+
+
+class StaleFreeWrongClass(PrefixCachingBlockAllocator):
+    """``free`` of a stale Block (its id holds no reference) raises
+    DetachedBlockError instead of the error table's RefCountError: a caller
+    that catches the documented class misses it."""
+
+    FAULT = "free() of a stale Block raises the wrong class"
+    EXPECTED = frozenset({"robustness"})
+    INVARIANTS = ()
+    ROW = "free:stale"
+
+    def free(self, block: Any, keep_block_object: bool = False) -> None:
+        try:
+            super().free(block, keep_block_object)
+        except RefCountError as exc:
+            raise DetachedBlockError(str(exc)) from exc  # FAULT: the wrong class
+
+
+class AcceptsUnknownHashAlgo(PrefixCachingBlockAllocator):
+    """A constructor that falls back to the builtin hash when ``hash_algo``
+    names nothing it knows (a typo such as "sha-256" silently gives the
+    weak, per-process hash)."""
+
+    FAULT = "__init__ accepts an unknown hash_algo"
+    EXPECTED = frozenset({"robustness"})
+    INVARIANTS = ()
+    ROW = "__init__:hash-algo"
+
+    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
+                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
+        algo = kwargs.get("hash_algo", "builtin")
+        if algo not in ("builtin", "sha256") and not callable(algo):
+            kwargs.pop("hash_algo")  # FAULT: should raise InvalidArgumentError
+        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
+
+
+class _LenientEvictor(LRUEvictor):
+    def remove(self, block_id: int) -> None:
+        if block_id in self:  # FAULT: an absent id is ignored
+            super().remove(block_id)
+
+
+class EvictorRemoveIgnoresAbsent(PrefixCachingBlockAllocator):
+    """An evictor whose ``remove`` ignores an id it does not hold (the
+    caller's bookkeeping error goes unnoticed)."""
+
+    FAULT = "LRUEvictor.remove() of an absent id does nothing"
+    EXPECTED = frozenset({"robustness"})
+    INVARIANTS = ()
+    ROW = "LRUEvictor.remove/update:absent"
+
+    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
+                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
+        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
+        self.evictor = _LenientEvictor()
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        if done:
+            self.evictor = _LenientEvictor()
+        return done
+
+
+#: Allocators that mishandle one row of the error table (``ROW``): the
+#: oracle's mistake rule must catch each as a robustness violation.
+MISHANDLED: List[type] = [MarkAccessedNotAtomic, StaleFreeWrongClass, AcceptsUnknownHashAlgo,
+                          EvictorRemoveIgnoresAbsent]
 
 
 # ----------------------------------------------------------------------------

@@ -29,6 +29,13 @@ from prefixcache.impl.naive_block import NaiveBlockAllocator
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlock, PrefixCachingBlockAllocator
 
 
+def _tracker(t: Any) -> Tuple[bool, float, bool]:
+    """(active, last_accessed, computed) of a tracker; None is an idle one."""
+    if t is None:
+        return (False, -1, False)
+    return (t.active, t.last_accessed, t.computed)
+
+
 def eviction_key(block_id: int, meta: Any) -> Tuple[float, int, int, int]:
     """The documented eviction order as a sort key: oldest access first, then
     the most hashed tokens, then the smallest id, then the smallest hash."""
@@ -84,8 +91,9 @@ def _prefix_state(a: PrefixCachingBlockAllocator) -> Dict[str, Any]:
         # insertion order of the cache is observable
         "cached": list(a._cached_blocks.items()),
         "touched": set(a._touched_blocks),
+        # every id's tracker (made lazily: an id without one yet is idle)
         "trackers": {
-            i: (t.active, t.last_accessed, t.computed) for i, t in a._block_tracker.items()
+            i: _tracker(a._block_tracker.get(i)) for i in a._refcounter._refcounts
         },
         "cows": list(a._cow_tracker._copy_on_writes),
         "metric": dataclasses.asdict(a.metric_data),

@@ -4,6 +4,7 @@ BlockPool, BlockList, CacheMetricData, chain walking and the argument checks."""
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 from typing import List
 from unittest.mock import MagicMock
 
@@ -186,6 +187,45 @@ def test_pool_of_size_zero_grows_when_used() -> None:
 def test_pool_refuses_a_negative_size() -> None:
     with pytest.raises(err.InvalidArgumentError):
         BlockPool(4, NaiveBlock, MagicMock(), -1)
+
+
+def test_pool_adopt_leaves_a_fresh_free_object_in_the_old_slot() -> None:
+    """A Block swapped to another pool leaves its old slot free, holding a new
+    object of the old pool's allocator; swapping back and forth does not grow
+    either pool."""
+    old, old_allocator = _pool(2)
+    new, _ = _pool(2)
+    old_allocator._block_pool = old
+    block = old.init_block(None, [1], 4, physical_block_id=0)
+    old.init_block(None, [2], 4, physical_block_id=1)
+    new.adopt(block)
+    assert new.holds(block) and not old.holds(block)
+    fresh = old._pool[0]
+    assert fresh is not block
+    assert list(old._free_ids) == [0]
+    again = old.init_block(None, [3], 4, physical_block_id=2)
+    assert again is fresh and again._allocator is old_allocator  # type: ignore[attr-defined]
+    for _ in range(3):
+        new.free_block(block)
+        block = new.init_block(None, [4], 4, physical_block_id=3)
+    assert (len(old._pool), len(new._pool)) == (2, 1)
+
+
+def test_pool_adopt_of_its_own_or_of_a_poolless_block() -> None:
+    """Adopting a Block the pool already holds changes nothing (a swap out and
+    back in on one device must not grow the pool); a Block whose allocator
+    has no pool (or that has no allocator) is simply taken in."""
+    pool, allocator = _pool(2)
+    allocator._block_pool = pool
+    own = pool.init_block(None, [1], 4, physical_block_id=0)
+    pool.adopt(own)
+    assert pool._pool == [own] and own.pool_id == 0  # type: ignore[attr-defined]
+    stranger = NaiveBlock(prev_block=None, token_ids=[], block_size=4,
+                          allocator=object(), block_id=None)  # type: ignore[arg-type]
+    pool.adopt(stranger)
+    bare = SimpleNamespace(block_id=None)
+    pool.adopt(bare)  # type: ignore[arg-type]
+    assert pool._pool == [own, stranger, bare] and list(pool._free_ids) == []
 
 
 def test_pool_init_block_with_too_many_tokens_leaves_the_pool_as_it_was() -> None:

@@ -4,6 +4,7 @@ the blocks and ComputedBlocksTracker."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -65,6 +66,38 @@ def test_sha256_hash_is_a_256_bit_int_and_deterministic() -> None:
 ])
 def test_sha256_hash_is_unambiguous(left: tuple, right: tuple) -> None:
     assert sha256_hash(*left) != sha256_hash(*right)
+
+
+def _int_field(value: int) -> bytes:
+    """The documented encoding of an int: sign, 8-byte big-endian length, magnitude."""
+    magnitude = abs(value)
+    raw = magnitude.to_bytes((magnitude.bit_length() + 7) // 8, "big")
+    return (b"-" if value < 0 else b"+") + len(raw).to_bytes(8, "big") + raw
+
+
+def _optional_field(value: Optional[int]) -> bytes:
+    return b"\x00" if value is None else b"\x01" + _int_field(value)
+
+
+@pytest.mark.parametrize("parent, tokens, extra", [
+    (None, [1, 2, 3], None),
+    (0, [0], 0),                          # zero: sign "+", no magnitude bytes
+    (-1, [-2, 2**63 - 1], 255),            # negatives; 255 fits one byte, 256 needs two
+    (2**300, [-(2**63)], 256),
+    (7, [2**63, -(2**63) - 1, 0], -256),  # outside signed 64 bits: the tagged form
+])
+def test_sha256_hash_is_the_documented_encoding(parent: Optional[int], tokens: List[int],
+                                                extra: Optional[int]) -> None:
+    """The SHA-256 key is a versioned format ("prefixcache-block-v1") that must not
+    drift, or hashes stored by one process stop matching another's."""
+    head = (b"prefixcache-block-v1" + _optional_field(parent) + _optional_field(extra)
+            + len(tokens).to_bytes(8, "big"))
+    if all(-(2**63) <= t < 2**63 for t in tokens):
+        body = b"\x00" + b"".join(t.to_bytes(8, sys.byteorder, signed=True) for t in tokens)
+    else:
+        body = b"\x01" + b"".join(_int_field(t) for t in tokens)
+    expected = int.from_bytes(hashlib.sha256(head + body).digest(), "big")
+    assert sha256_hash(parent, tokens, extra) == expected
 
 
 def test_resolve_hash_algo() -> None:

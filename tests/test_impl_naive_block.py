@@ -438,6 +438,19 @@ def test_swap_in_that_cannot_fit_changes_nothing() -> None:
     assert chain[0].block_id == 2
 
 
+def test_swap_in_takes_a_block_of_another_kind_as_vllm_does() -> None:
+    """vLLM's swap_in only gives each Block an id; a Block that cannot be
+    rebound (not a NaiveBlock) keeps its own allocator."""
+    other = PrefixCachingBlockAllocator(num_blocks=2, block_size=2)
+    block = other.allocate_mutable_block(None)
+    block.append_token_ids([1])
+    other.swap_out([block])
+    a = make(3, 2)
+    a.allocate_mutable_block(None)
+    a.swap_in([block])
+    assert block.block_id == 1 and block._allocator is other  # type: ignore[attr-defined]
+
+
 def test_swap_in_of_an_attached_block_is_refused() -> None:
     a = make(3, 2)
     b = a.allocate_mutable_block(None)

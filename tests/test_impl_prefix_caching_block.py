@@ -119,7 +119,10 @@ def test_construction_state() -> None:
 def test_construction_with_ids_and_hash_algo() -> None:
     a = make(3, 2, block_ids=[9, 4, 6], hash_algo="sha256")
     assert snapshot(a)["free"] == [9, 4, 6]
-    assert set(a._block_tracker) == {9, 4, 6}
+    assert set(a._block_tracker) == set()  # trackers are made when first looked up
+    assert not a._block_tracker[4].active and set(a._block_tracker) == {4}
+    with pytest.raises(KeyError):
+        a._block_tracker[5]
     assert a.content_hash_function is sha256_hash
     assert a.allocate_mutable_block(None).block_id == 9
 
@@ -881,6 +884,16 @@ def test_reset_refuses_while_an_id_is_in_use() -> None:
     assert snapshot(a, [x]) == before
 
 
+def test_a_refused_reset_logs_vllms_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The same warning text as vLLM 0.8.5, for whoever watches the logs."""
+    a = make(3, 2)
+    a.allocate_immutable_block(None, [1, 2])
+    with caplog.at_level("WARNING", logger="prefixcache"):
+        assert a.reset_prefix_cache() is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "Failed to reset prefix cache because some blocks (1) are not freed yet"]
+
+
 def test_reset_frees_every_evictable_id() -> None:
     a = make(5, 2)
     chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6]])
@@ -1160,6 +1173,45 @@ def test_computed_blocks_tracker() -> None:
     tracker.remove_seq(1)
     assert 1 not in tracker._seq_id_to_blocks_hashes
     assert 1 not in tracker._seq_id_to_num_tokens_computed
+
+
+def test_computed_blocks_tracker_extends_the_chain_as_the_sequence_grows() -> None:
+    """Hashes recorded block by block, over several decode steps, are the
+    chain of the whole sequence (each new block's parent is the last one)."""
+    allocator = CpuGpuBlockAllocator.create("prefix_caching", 8, 2, 2)
+    grown = ComputedBlocksTracker(allocator, 2, True)
+    seq = FakeSeq(1, [], prefill=False)
+    tokens = [5, 1, 5, 2, 5, 3, 5, 4, 5]
+    for end in (1, 2, 3, 4, 6, 9):  # one, none, one, two more blocks at a time
+        seq.tokens = tokens[:end]
+        grown.get_num_cached_tokens(seq)
+    at_once = ComputedBlocksTracker(allocator, 2, True)
+    at_once.get_num_cached_tokens(FakeSeq(2, tokens, prefill=False))
+    chain, parent = [], None
+    for start in range(0, 8, 2):
+        parent = H(parent is None, parent, tokens[start:start + 2])
+        chain.append(parent)
+    assert grown._seq_id_to_blocks_hashes[1] == at_once._seq_id_to_blocks_hashes[2] == chain
+
+
+def test_computed_blocks_tracker_over_an_allocator_with_only_vllms_api() -> None:
+    """vLLM 0.8.5's allocators have neither ``content_hash_function`` nor
+    ``find_verified_blocks_prefix``: the tracker hashes like vLLM and asks
+    ``find_cached_blocks_prefix``."""
+
+    class VllmShaped:
+        def __init__(self) -> None:
+            self.asked: List[List[int]] = []
+
+        def find_cached_blocks_prefix(self, block_hashes: List[int]) -> List[int]:
+            self.asked.append(list(block_hashes))
+            return block_hashes[:1]
+
+    allocator = VllmShaped()
+    tracker = ComputedBlocksTracker(allocator, 2, True)
+    assert tracker.get_num_cached_tokens(FakeSeq(1, [1, 2, 3, 4, 5], prefill=False)) == 2
+    first = H(True, None, [1, 2])
+    assert allocator.asked == [[first, H(False, first, [3, 4])]]
 
 
 def test_computed_blocks_tracker_errors() -> None:

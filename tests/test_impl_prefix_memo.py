@@ -104,3 +104,47 @@ def test_the_memo_starts_over_past_its_limits() -> None:
     assert memo.find(lists[0], cached, set()) == [1]
     assert memo.find(lists[1], cached, set()) == []
     assert memo.find(lists[2], cached, {9}) == []
+
+
+def test_an_eviction_cuts_a_remembered_prefix() -> None:
+    """Hash 2 leaves the cache and comes back under an id not yet computed
+    (touched): a remembered list is cut there, not answered from memory."""
+    memo = PrefixMemo()
+    cached = {1: 0, 2: 1}
+    hashes = [1, 2]
+    assert memo.find(hashes, cached, set()) == [1, 2]
+    memo.evicted(2)
+    cached[2] = 5
+    assert memo.find(hashes, cached, {5}) == [1]
+
+
+def test_an_unchanged_complete_list_is_answered_from_memory() -> None:
+    """The same list, all cached and computed, asked twice of the memo
+    itself: the second answer is the remembered prefix, nothing rescanned."""
+    memo = PrefixMemo()
+    cached = {1: 0, 2: 1}
+    hashes = [1, 2]
+    assert memo.find(hashes, cached, set()) == [1, 2]
+    cached.clear()  # not looked at again: no eviction was logged
+    answer = memo.find(hashes, cached, set())
+    assert answer == [1, 2] and answer is not hashes
+
+
+def test_an_unhashable_hash_reached_on_a_remembered_list_is_a_wrong_type() -> None:
+    """A list whose scan stopped before an unhashable element is remembered;
+    once the stopper is cached the scan reaches the element: WrongTypeError,
+    the same as for a list examined afresh."""
+    from prefixcache.impl.errors import WrongTypeError
+
+    a = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    first = a.allocate_immutable_blocks(None, [[1, 2]])
+    a.mark_blocks_as_computed([])
+    second_hash = a.content_hash_function(first[0].content_hash, [3, 4], None)
+    hashes = [first[0].content_hash, second_hash, [5]]
+    assert a.find_cached_blocks_prefix(hashes) == hashes[:1]  # type: ignore[arg-type]
+    a.allocate_immutable_blocks(first[0], [[3, 4]])
+    a.mark_blocks_as_computed([])
+    with pytest.raises(WrongTypeError):
+        a.find_cached_blocks_prefix(hashes)  # type: ignore[arg-type]
+    with pytest.raises(WrongTypeError):
+        a.find_cached_blocks_prefix(list(hashes))  # type: ignore[arg-type]

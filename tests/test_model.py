@@ -361,7 +361,15 @@ def test_caller_mistakes_raise_and_change_nothing() -> None:
     m.free(gone)
     unchanged(m, lambda: m.free(gone), err.DetachedBlockError)
     unchanged(m, lambda: m.fork(gone), err.DetachedBlockError)
-    unchanged(m, lambda: m.swap_out([t, t]), err.RefCountError)
+    unchanged(m, lambda: m.swap_out([t, t]), err.InvalidArgumentError)  # one Block twice
+    t2 = m.fork(t)[-1]  # a second Block on t's id, which then holds two references
+    m.free(t2)
+    t2.block_id = t.block_id  # a stale Block on an id that holds one reference
+    unchanged(m, lambda: m.swap_out([t, t2]), err.RefCountError)
+    t2.block_id = 3  # a free id: it holds no reference
+    unchanged(m, lambda: m.free(t2), err.RefCountError)
+    t2.block_id = 99
+    unchanged(m, lambda: m.free(t2), err.UnknownBlockIdError)
     unchanged(m, lambda: m.append_token_ids(t, [1, 2, 3]), err.BlockFullError)
     unchanged(m, lambda: m.append_token_ids(a, [5]), err.ImmutableBlockError)
     unchanged(m, lambda: m.append_token_ids(a, []), err.ImmutableBlockError)

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator, NullBlock
-from prefixcache.impl.errors import PrefixCacheError
+from prefixcache.impl.errors import NoFreeBlocksError, PrefixCacheError
 from prefixcache.impl.interfaces import Device
 from prefixcache.impl.naive_block import NaiveBlock, NaiveBlockAllocator
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
@@ -459,6 +459,22 @@ def test_prefix_mistake_raises_and_changes_nothing(row: Any, cls: Any) -> None:
     with pytest.raises(row.exception):
         run(f)
     assert f.state() == before
+    assert check_all(f.state()) == []
+    _still_works(f)
+
+
+def _still_works(f: Fixture) -> None:
+    """After the refused call the allocator serves valid calls: a hit on
+    the cached chain, every remaining id taken, all of it given back."""
+    again = f.a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    assert [b.block_id for b in again] == [b.block_id for b in f.chain]
+    taken = [f.a.allocate_mutable_block(None) for _ in range(f.a.get_num_free_blocks())]
+    assert f.a.get_num_free_blocks() == 0
+    with pytest.raises(NoFreeBlocksError):
+        f.a.allocate_mutable_block(None)
+    for block in [*again, *taken]:
+        f.a.free(block)
+    assert f.a.get_num_free_blocks() == len(taken)
     assert check_all(f.state()) == []
 
 
