@@ -424,13 +424,14 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
 
         if mistakes:
 
-            @precondition(lambda self: bool(possible_rows(self, table_rows)))
             @rule(data=st.data())
             def caller_mistakes(self, data: st.DataObject) -> None:
                 """Caller mistakes, one to six different ones in a row (the
                 catalogue has dozens of rows, every other rule is one
                 operation): each a row of the error table that applies to the
-                target's kind and can be made now (oracle/mistakes.py).  The
+                target's kind and can be made now (oracle/mistakes.py; the
+                constructor rows always can, so the rule needs no
+                precondition, which would cost a look at every row per step).  The
                 rows are drawn from an order shuffled once per example, so
                 that the rows Hypothesis favours differ between examples."""
                 if self.mistake_rank is None:  # each example favours other rows

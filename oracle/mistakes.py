@@ -37,6 +37,7 @@ Some rows are not calls of the allocator:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
@@ -90,8 +91,15 @@ def _evictor_module(alloc: Any) -> Any:
     target uses: its evictor's, its class's (or a base class's), or
     ``evictor`` beside or above their package."""
     own = getattr(alloc, "evictor", None)
-    modules = ([type(own).__module__] if own is not None else []) + [
-        c.__module__ for c in type(alloc).__mro__]
+    return _evictor_module_of(None if own is None else type(own), type(alloc))
+
+
+@functools.cache
+def _evictor_module_of(evictor_class: Optional[type], allocator_class: type) -> Any:
+    """``_evictor_module`` of an allocator of ``allocator_class`` whose
+    evictor is of ``evictor_class`` (looked up once per pair of classes)."""
+    modules = ([evictor_class.__module__] if evictor_class is not None else []) + [
+        c.__module__ for c in allocator_class.__mro__]
     names = list(modules)
     for module_name in modules:
         package = module_name.rpartition(".")[0]
