@@ -382,17 +382,20 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """The id of one hashed block of a verifying allocation, and what it
         was: ``_HIT`` the cached id of this very content (one more
         reference); ``_NEW`` a fresh id cached under the hash and touched;
-        ``_PLAIN`` a fresh id without content, when the hash still names
-        other content once the id is taken, or the block follows a
-        ``_PLAIN`` one.  One query."""
+        ``_PLAIN`` a fresh id without content, when the hash names other
+        content, or the block follows a ``_PLAIN`` one.  The outcome is
+        settled before the id is taken: taking it may evict the other
+        content, and a block that then took its hash could turn a later
+        block's counted hit into a collision (``_verified_demand`` counts
+        on the outcomes it foresaw).  One query."""
         cached_id = None if after_plain else self._cached_blocks.get(content_hash)
         if cached_id is not None and same_content(self._contents[cached_id], record):
             self.metric_data.query(True)
             self._acquire_cached(cached_id)
             return cached_id, _HIT
         self.metric_data.query(False)
-        block_id = self._take_id()  # (which may evict the other content)
-        if after_plain or content_hash in self._cached_blocks:
+        block_id = self._take_id()
+        if after_plain or cached_id is not None:
             return block_id, _PLAIN
         self._cached_blocks[content_hash] = block_id
         self._touched_blocks.add(block_id)

@@ -91,15 +91,15 @@ def _evictor_module(alloc: Any) -> Any:
     target uses: its evictor's, its class's (or a base class's), or
     ``evictor`` beside or above their package."""
     own = getattr(alloc, "evictor", None)
-    return _evictor_module_of(None if own is None else type(own), type(alloc))
+    return _evictor_module_of(("" if own is None else type(own).__module__,
+                               *(c.__module__ for c in type(alloc).__mro__)))
 
 
 @functools.cache
-def _evictor_module_of(evictor_class: Optional[type], allocator_class: type) -> Any:
-    """``_evictor_module`` of an allocator of ``allocator_class`` whose
-    evictor is of ``evictor_class`` (looked up once per pair of classes)."""
-    modules = ([evictor_class.__module__] if evictor_class is not None else []) + [
-        c.__module__ for c in allocator_class.__mro__]
+def _evictor_module_of(modules: Tuple[str, ...]) -> Any:
+    """``_evictor_module`` given the evictor's module ("" without one) and
+    those of the allocator's classes (looked up once per tuple)."""
+    modules = tuple(m for m in modules if m)
     names = list(modules)
     for module_name in modules:
         package = module_name.rpartition(".")[0]
