@@ -311,15 +311,6 @@ class FreeDecidesByComputed(PrefixCachingBlockAllocator):
             self._free_ids.appendleft(block_id)
         self._untrack(block_id)
 
-    def free(self, block: Any, keep_block_object: bool = False) -> None:
-        # wiring, not the fault: free() releases through _release_block (the
-        # impl inlines its own copy of it into free)
-        block_id = self._check_owned(block)
-        self._release_block(block, block_id)
-        block._block_id = None
-        if not keep_block_object:
-            self._block_pool.free_block(block)
-
 
 class ResetLeavesEvictor(PrefixCachingBlockAllocator):
     """``reset_prefix_cache`` drops the cache map but not the evictor.
@@ -377,15 +368,6 @@ class EvictorEntryCountsOwnTokens(PrefixCachingBlockAllocator):
         else:
             self._free_ids.appendleft(block_id)
         self._untrack(block_id)
-
-    def free(self, block: Any, keep_block_object: bool = False) -> None:
-        # wiring, not the fault: free() releases through _release_block (the
-        # impl inlines its own copy of it into free)
-        block_id = self._check_owned(block)
-        self._release_block(block, block_id)
-        block._block_id = None
-        if not keep_block_object:
-            self._block_pool.free_block(block)
 
 
 class EvictsShallowestFirst(PrefixCachingBlockAllocator):
