@@ -77,6 +77,8 @@ class BlockMetaData:
 
 
 _new_meta = object.__new__
+_heappush = heapq.heappush
+_heappop = heapq.heappop
 
 
 class LRUEvictor(Evictor):
@@ -132,9 +134,8 @@ class LRUEvictor(Evictor):
         if not table:
             raise EvictorEmptyError("No usable cache memory left")
         queue = self.priority_queue
-        pop = heapq.heappop
         while True:
-            entry = pop(queue)
+            entry = _heappop(queue)
             block_id = entry[2]
             meta = table.get(block_id)
             if (meta is not None and meta.last_accessed == entry[0]
@@ -162,7 +163,7 @@ class LRUEvictor(Evictor):
         meta.last_accessed = last_accessed
         table[block_id] = meta
         queue = self.priority_queue
-        heapq.heappush(queue, (last_accessed, -num_hashed_tokens, block_id, content_hash))
+        _heappush(queue, (last_accessed, -num_hashed_tokens, block_id, content_hash))
         if len(queue) > 2 * len(table) + self._COMPACT_SLACK:
             self._compact()
 

@@ -54,6 +54,7 @@ from .hashing import NONE_HASH, HashAlgo, HashFunction, builtin_hash, resolve_ha
 from .interfaces import Block, BlockAllocator, BlockId, Device
 from .naive_block import NaiveBlockAllocator, check_detached, check_no_device
 from .prefix_memo import PrefixMemo
+from .prefix_memo import cut as cut_remembered
 
 logger = logging.getLogger(__name__)
 
@@ -459,10 +460,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if self._verify_content:
                 del self._contents[block_id]
             self._touched_blocks.discard(block_id)
-            log = self._prefix_memo._log  # PrefixMemo.evicted, inline
-            log.append(content_hash)
-            if len(log) > self._prefix_memo.log_limit:
-                self._prefix_memo.clear()
+            holders = self._prefix_memo._holders.pop(content_hash, None)
+            if holders is not None:  # PrefixMemo.evicted, inline
+                cut_remembered(holders)
         else:
             raise NoFreeBlocksError("no free or evictable block")
         self._refcounts[block_id] = 1
@@ -839,7 +839,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         and computed (a new list).  A cached id is computed exactly when it
         is not touched (the spec's ``touched_not_computed`` and
         ``untouched_content_computed``).  O(length); for a list asked about
-        before, O(length) in C plus O(1) per hash appended or evicted since (see
+        before, O(length) in C plus O(1) per hash appended since (see
         :mod:`prefixcache.impl.prefix_memo`).  WrongTypeError unless it is
         a list or tuple of hashable values."""
         memo = self._prefix_memo
@@ -848,10 +848,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if (entry is not None and entry.source is block_hashes
                     and block_hashes == entry.snapshot):
                 # PrefixMemo.find's most common case, inline: the list is
-                # unchanged; only evictions since can cut its prefix, and only
-                # hashes after the prefix can extend it.
-                if entry.log_position != len(memo._log):
-                    memo.catch_up(entry)
+                # unchanged, so its remembered prefix stands (evictions cut it
+                # as they happen), and only hashes after it can extend it.
                 if entry.length == len(block_hashes):
                     return block_hashes[:]
                 return memo.extend(entry, block_hashes, self._cached_blocks,

@@ -9,87 +9,68 @@ it leaves the cache.  A cached id becomes "touched" (not computed) only at
 the moment it is cached, never later while it stays cached, and a hash
 leaves the cache only by eviction or ``reset_prefix_cache``.  So a prefix
 found cached and computed is still so, except for the hashes evicted since;
-the allocator reports every eviction here (:meth:`PrefixMemo.evicted`) and
-forgets everything on a reset (:meth:`PrefixMemo.clear`).
+the allocator reports every eviction here (:meth:`PrefixMemo.evicted`), which
+cuts at once every remembered prefix that holds the hash, and a reset
+forgets everything (:meth:`PrefixMemo.clear`).
 
 A remembered list is recognised by identity and verified by content (a
 list changed in place or shortened is examined afresh).  The memo keeps a
-reference to at most ``capacity`` lists and at most ``log_limit`` evictions;
-beyond either it starts over, which costs one full examination per list.
+reference to at most ``capacity`` lists and at most ``index_limit`` entries
+in its index of which prefix holds which hash; beyond either it starts
+over, which costs one full examination per list.
 """
 
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence
+from typing import AbstractSet, Dict, List, Mapping, Sequence, Tuple
 
 
 class _Entry:
     """What is remembered about one list: the list itself (held, so its id
-    stays unique), a copy of its content, the length of its cached and
-    computed prefix, the first index of each hash of that prefix, and how
-    much of the eviction log had been read."""
+    stays unique), a copy of its content and the length of its cached and
+    computed prefix."""
 
-    __slots__ = ("source", "snapshot", "length", "positions", "log_position")
+    __slots__ = ("source", "snapshot", "length")
 
-    def __init__(self, source: List[int], length: int, log_position: int) -> None:
+    def __init__(self, source: List[int]) -> None:
         self.source = source
         self.snapshot: List[int] = source[:]
-        self.length = length
-        prefix = source[:length]
-        # the first occurrence wins: later (smaller) indices overwrite
-        self.positions: Dict[int, int] = dict(zip(reversed(prefix),
-                                                  range(length - 1, -1, -1)))
-        self.log_position = log_position
+        self.length = 0
+
+
+#: hash -> the (entry, index) pairs of the remembered prefixes holding it there.
+_Holders = Dict[int, List[Tuple[_Entry, int]]]
 
 
 class PrefixMemo:
     """The cached-and-computed prefix of hash lists, remembered per list.
 
     Costs: a remembered, unchanged list O(len) in C (a content comparison
-    and the returned slice) plus O(1) per hash newly appended or evicted
-    since; anything else O(len) dictionary lookups, like no memo."""
+    and the returned slice) plus O(1) per hash appended since; an eviction
+    O(1) plus O(1) per remembered prefix it cuts; anything else O(len)
+    dictionary lookups, like no memo."""
 
-    __slots__ = ("_entries", "_log", "capacity", "log_limit")
+    __slots__ = ("_entries", "_holders", "_indexed", "capacity", "index_limit")
 
-    def __init__(self, capacity: int = 1024, log_limit: int = 16384) -> None:
+    def __init__(self, capacity: int = 1024, index_limit: int = 65536) -> None:
         self._entries: Dict[int, _Entry] = {}
-        self._log: List[int] = []
+        self._holders: _Holders = {}
+        self._indexed = 0  # how many (entry, index) pairs _holders has had since a clear
         self.capacity = capacity
-        self.log_limit = log_limit
+        self.index_limit = index_limit
 
     def clear(self) -> None:
-        """Forget every list and every eviction (after a cache reset)."""
+        """Forget every list (after a cache reset, or past the limits)."""
         self._entries.clear()
-        self._log.clear()
+        self._holders.clear()
+        self._indexed = 0
 
     def evicted(self, content_hash: int) -> None:
-        """Record that ``content_hash`` left the cache."""
-        log = self._log
-        log.append(content_hash)
-        if len(log) > self.log_limit:
-            self.clear()
-
-    def cut(self, entry: _Entry, evicted: List[int]) -> int:
-        """Shorten ``entry``'s prefix before the first of ``evicted`` in it;
-        return the new length."""
-        length = entry.length
-        positions = entry.positions
-        for content_hash in evicted:
-            found = positions.get(content_hash)
-            if found is not None and found < length:
-                length = found
-        entry.length = length
-        return length
-
-    def catch_up(self, entry: _Entry) -> None:
-        """Cut ``entry``'s prefix by the evictions logged since it last read
-        the log."""
-        log = self._log
-        if entry.log_position != len(log):
-            news = log[entry.log_position:]
-            if not entry.positions.keys().isdisjoint(news):
-                self.cut(entry, news)
-            entry.log_position = len(log)
+        """``content_hash`` left the cache: cut every remembered prefix that
+        holds it before its first occurrence there."""
+        holders = self._holders.pop(content_hash, None)
+        if holders is not None:
+            cut(holders)
 
     def find(self, block_hashes: List[int], cached: Mapping[int, int],
              touched: AbstractSet[int]) -> List[int]:
@@ -97,43 +78,56 @@ class PrefixMemo:
         are in ``cached`` with an id not in ``touched``.  Not a list (a
         tuple, say): examined afresh, and the slice is of its type."""
         if type(block_hashes) is not list:
-            return block_hashes[:_scan(block_hashes, 0, cached, touched, None)]
+            return block_hashes[:_scan(block_hashes, 0, cached, touched, None, {})]
         entry = self._entries.get(id(block_hashes))
-        if entry is not None and entry.source is block_hashes:
-            snapshot = entry.snapshot
-            if block_hashes != snapshot:
-                if len(block_hashes) <= len(snapshot) or block_hashes[:len(snapshot)] != snapshot:
-                    return self._remember(block_hashes, cached, touched)
-                entry.snapshot = block_hashes[:]
-            self.catch_up(entry)
-            return self.extend(entry, block_hashes, cached, touched)
-        return self._remember(block_hashes, cached, touched)
+        if entry is None or entry.source is not block_hashes:
+            return self._remember(block_hashes, cached, touched)
+        snapshot = entry.snapshot
+        if block_hashes != snapshot:
+            if len(block_hashes) <= len(snapshot) or block_hashes[:len(snapshot)] != snapshot:
+                return self._remember(block_hashes, cached, touched)
+            entry.snapshot = block_hashes[:]  # grown by appending: the prefix stands
+        return self.extend(entry, block_hashes, cached, touched)
 
     def extend(self, entry: _Entry, block_hashes: List[int], cached: Mapping[int, int],
                touched: AbstractSet[int]) -> List[int]:
-        """``find`` for ``entry``'s own list, equal to its snapshot and caught
-        up with the evictions: the remembered prefix, scanned on from its end."""
+        """``find`` for ``entry``'s own list, equal to its snapshot: the
+        remembered prefix, scanned on from its end."""
         length = entry.length
         if length < len(block_hashes):
-            entry.length = length = _scan(block_hashes, length, cached, touched,
-                                          entry.positions)
+            if self._indexed > self.index_limit:
+                return self._remember(block_hashes, cached, touched)
+            end = _scan(block_hashes, length, cached, touched, entry, self._holders)
+            self._indexed += end - length
+            entry.length = length = end
         return block_hashes[:length]
 
     def _remember(self, block_hashes: List[int], cached: Mapping[int, int],
                   touched: AbstractSet[int]) -> List[int]:
         """``find`` for a list examined afresh, remembered from now on."""
-        length = _scan(block_hashes, 0, cached, touched, None)
         entries = self._entries
-        if len(entries) >= self.capacity:
-            entries.clear()
-        entries[id(block_hashes)] = _Entry(block_hashes, length, len(self._log))
-        return block_hashes[:length]
+        if len(entries) >= self.capacity or self._indexed > self.index_limit:
+            self.clear()
+        entry = _Entry(block_hashes)
+        entries[id(block_hashes)] = entry
+        entry.length = _scan(block_hashes, 0, cached, touched, entry, self._holders)
+        self._indexed += entry.length
+        return block_hashes[:entry.length]
+
+
+def cut(holders: List[Tuple[_Entry, int]]) -> None:
+    """Shorten each entry's prefix to end before its paired index (the
+    index of a hash that left the cache)."""
+    for entry, index in holders:
+        if index < entry.length:
+            entry.length = index
 
 
 def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
-          touched: AbstractSet[int], positions: Optional[Dict[int, int]]) -> int:
+          touched: AbstractSet[int], entry: object, holders: _Holders) -> int:
     """The end of the cached, untouched run of ``block_hashes`` from
-    ``start``; its hashes are added to ``positions`` (first index wins)."""
+    ``start``; each hash of the run is indexed as held by ``entry`` at its
+    index (unless ``entry`` is None)."""
     end = start
     stop = len(block_hashes)
     get = cached.get
@@ -142,7 +136,11 @@ def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
         block_id = get(content_hash)
         if block_id is None or block_id in touched:
             break
-        if positions is not None:
-            positions.setdefault(content_hash, end)
+        if entry is not None:
+            held = holders.get(content_hash)
+            if held is None:
+                holders[content_hash] = [(entry, end)]  # type: ignore[list-item]
+            else:
+                held.append((entry, end))  # type: ignore[arg-type]
         end += 1
     return end

@@ -89,12 +89,22 @@ def test_the_answer_is_a_new_list_and_the_argument_is_untouched() -> None:
 
 
 def test_the_memo_starts_over_past_its_limits() -> None:
-    memo = PrefixMemo(capacity=2, log_limit=3)
+    """Past ``capacity`` lists or ``index_limit`` indexed hashes the memo
+    forgets everything, and still answers by the definition."""
+    memo = PrefixMemo(capacity=2, index_limit=2)
     cached = {1: 0, 2: 1, 3: 2}
     lists = [[1, 2], [2, 3], [3, 1]]
     for hashes in lists:
         assert memo.find(hashes, cached, set()) == hashes
-    assert len(memo._entries) <= 2
+    # the third list found the memo at capacity: only it is remembered
+    assert list(memo._entries) == [id(lists[2])] and memo._indexed == 2
+    lists[2].append(2)  # extended in place, within the index limit
+    assert memo.find(lists[2], cached, set()) == [3, 1, 2]
+    assert memo._indexed == 3
+    lists[2].append(3)  # past the index limit: examined afresh
+    assert memo.find(lists[2], cached, set()) == [3, 1, 2, 3]
+    assert list(memo._entries) == [id(lists[2])] and memo._indexed == 4
+    assert sorted(memo._holders) == [1, 2, 3] and len(memo._holders[3]) == 2
     for content_hash in (1, 2, 3, 1):
         del cached[content_hash]
         memo.evicted(content_hash)
@@ -104,6 +114,27 @@ def test_the_memo_starts_over_past_its_limits() -> None:
     assert memo.find(lists[0], cached, set()) == [1]
     assert memo.find(lists[1], cached, set()) == []
     assert memo.find(lists[2], cached, {9}) == []
+    memo.clear()
+    assert not memo._entries and not memo._holders and memo._indexed == 0
+
+
+def test_an_eviction_cuts_every_prefix_holding_the_hash_at_its_first_index() -> None:
+    """Two remembered lists hold hash 2 (one of them twice): evicting it cuts
+    each before its first 2, at once; other hashes cut nothing."""
+    memo = PrefixMemo()
+    cached = {1: 0, 2: 1, 3: 2}
+    first, second = [1, 2, 3], [3, 2, 1, 2]
+    assert memo.find(first, cached, set()) == first
+    assert memo.find(second, cached, set()) == second
+    memo.evicted(7)  # held by no prefix
+    assert memo._entries[id(first)].length == 3
+    memo.evicted(2)
+    assert memo._entries[id(first)].length == 1
+    assert memo._entries[id(second)].length == 1
+    assert 2 not in memo._holders
+    memo.evicted(3)
+    assert memo._entries[id(first)].length == 1  # 3 was past its cut
+    assert memo._entries[id(second)].length == 0
 
 
 def test_an_eviction_cuts_a_remembered_prefix() -> None:
