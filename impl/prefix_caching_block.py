@@ -845,8 +845,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         memo = self._prefix_memo
         entry = memo._entries.get(id(block_hashes))
         try:
-            if (entry is not None and entry.source is block_hashes
-                    and block_hashes == entry.snapshot):
+            if entry is not None and block_hashes == entry.snapshot:
                 # PrefixMemo.find's most common case, inline: the list is
                 # unchanged, so its remembered prefix stands (evictions cut it
                 # as they happen), and only hashes after it can extend it.
@@ -854,7 +853,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                     return block_hashes[:]
                 return memo.extend(entry, block_hashes, self._cached_blocks,
                                    self._touched_blocks)
-            if type(block_hashes) is list or isinstance(block_hashes, (list, tuple)):
+            if isinstance(block_hashes, (list, tuple)):
                 return memo.find(block_hashes, self._cached_blocks, self._touched_blocks)
         except TypeError as exc:
             raise WrongTypeError(f"block_hashes must be a list of ints: {exc}") from exc

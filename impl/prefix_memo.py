@@ -22,7 +22,7 @@ over, which costs one full examination per list.
 
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, List, Mapping, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 class _Entry:
@@ -32,10 +32,11 @@ class _Entry:
 
     __slots__ = ("source", "snapshot", "length")
 
+    length: int  # set by the scan that follows the construction
+
     def __init__(self, source: List[int]) -> None:
         self.source = source
         self.snapshot: List[int] = source[:]
-        self.length = 0
 
 
 #: hash -> the (entry, index) pairs of the remembered prefixes holding it there.
@@ -78,13 +79,13 @@ class PrefixMemo:
         are in ``cached`` with an id not in ``touched``.  Not a list (a
         tuple, say): examined afresh, and the slice is of its type."""
         if type(block_hashes) is not list:
-            return block_hashes[:_scan(block_hashes, 0, cached, touched, None, {})]
-        entry = self._entries.get(id(block_hashes))
-        if entry is None or entry.source is not block_hashes:
+            return block_hashes[:_scan(block_hashes, 0, cached, touched)]
+        entry = self._entries.get(id(block_hashes))  # it holds its list: the id is its list's
+        if entry is None:
             return self._remember(block_hashes, cached, touched)
         snapshot = entry.snapshot
         if block_hashes != snapshot:
-            if len(block_hashes) <= len(snapshot) or block_hashes[:len(snapshot)] != snapshot:
+            if block_hashes[:len(snapshot)] != snapshot:  # shortened or changed in place
                 return self._remember(block_hashes, cached, touched)
             entry.snapshot = block_hashes[:]  # grown by appending: the prefix stands
         return self.extend(entry, block_hashes, cached, touched)
@@ -124,10 +125,11 @@ def cut(holders: List[Tuple[_Entry, int]]) -> None:
 
 
 def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
-          touched: AbstractSet[int], entry: object, holders: _Holders) -> int:
+          touched: AbstractSet[int], entry: Optional[_Entry] = None,
+          holders: Optional[_Holders] = None) -> int:
     """The end of the cached, untouched run of ``block_hashes`` from
-    ``start``; each hash of the run is indexed as held by ``entry`` at its
-    index (unless ``entry`` is None)."""
+    ``start``; with an ``entry``, each hash of the run is indexed in
+    ``holders`` as held by ``entry`` at its index."""
     end = start
     stop = len(block_hashes)
     get = cached.get
@@ -137,10 +139,10 @@ def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
         if block_id is None or block_id in touched:
             break
         if entry is not None:
-            held = holders.get(content_hash)
+            held = holders.get(content_hash)  # type: ignore[union-attr]
             if held is None:
-                holders[content_hash] = [(entry, end)]  # type: ignore[list-item]
+                holders[content_hash] = [(entry, end)]  # type: ignore[index]
             else:
-                held.append((entry, end))  # type: ignore[arg-type]
+                held.append((entry, end))
         end += 1
     return end

@@ -179,3 +179,66 @@ def test_an_unhashable_hash_reached_on_a_remembered_list_is_a_wrong_type() -> No
         a.find_cached_blocks_prefix(hashes)  # type: ignore[arg-type]
     with pytest.raises(WrongTypeError):
         a.find_cached_blocks_prefix(list(hashes))  # type: ignore[arg-type]
+
+
+def test_the_capacity_and_the_index_limit_are_exact() -> None:
+    """``capacity`` lists are remembered and the next one starts over; the
+    index may hold ``index_limit`` hashes (counted over every list) and
+    starts over only past it."""
+    cached = {n: n for n in range(10)}
+    memo = PrefixMemo(capacity=2, index_limit=100)
+    lists = [[1], [2], [3]]
+    memo.find(lists[0], cached, set())
+    memo.find(lists[1], cached, set())
+    assert len(memo._entries) == 2 and memo._indexed == 2  # counted over both lists
+    memo.find(lists[2], cached, set())
+    assert list(memo._entries) == [id(lists[2])] and memo._indexed == 1
+    memo = PrefixMemo(capacity=100, index_limit=2)
+    lists = [[1, 2], [3, 4], [5]]
+    memo.find(lists[0], cached, set())
+    memo.find(lists[1], cached, set())  # 2 indexed before it: at the limit, not past
+    assert len(memo._entries) == 2 and memo._indexed == 4
+    memo.find(lists[2], cached, set())  # 4 indexed: past it
+    assert list(memo._entries) == [id(lists[2])] and memo._indexed == 1
+
+
+def test_a_list_changed_in_place_and_grown_is_examined_afresh() -> None:
+    """A remembered list whose old part changed is not an extension, even
+    when it grew: its remembered prefix does not stand."""
+    memo = PrefixMemo()
+    cached = {1: 0, 2: 1, 3: 2}
+    hashes = [1, 2]
+    assert memo.find(hashes, cached, set()) == [1, 2]
+    hashes[:] = [7, 2, 3]
+    assert memo.find(hashes, cached, set()) == []
+    hashes[:] = [1]  # shortened
+    assert memo.find(hashes, cached, set()) == [1]
+    hashes.extend([2, 3])  # grown: the prefix stands and extends
+    assert memo.find(hashes, cached, set()) == [1, 2, 3]
+
+
+def test_the_allocator_answers_a_remembered_list_from_memory() -> None:
+    """Asked again about an unchanged list, the allocator answers from its
+    memo, not by looking the hashes up again (white-box: the cached map is
+    emptied behind its back, which no API call can do)."""
+    allocator = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    blocks = allocator.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    allocator.mark_blocks_as_computed([])
+    hashes = [block.content_hash for block in blocks]
+    assert allocator.find_cached_blocks_prefix(hashes) == hashes  # type: ignore[arg-type]
+    saved = dict(allocator._cached_blocks)
+    allocator._cached_blocks.clear()
+    try:
+        assert allocator.find_cached_blocks_prefix(hashes) == hashes  # type: ignore[arg-type]
+        assert allocator.find_cached_blocks_prefix(list(hashes)) == []  # type: ignore[arg-type]
+    finally:
+        allocator._cached_blocks.update(saved)
+
+
+@pytest.mark.parametrize("argument", ["ab", {1, 2}, {1: 2}, 7, None])
+def test_anything_but_a_list_or_tuple_is_a_wrong_type(argument: object) -> None:
+    from prefixcache.impl.errors import WrongTypeError
+
+    allocator = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    with pytest.raises(WrongTypeError):
+        allocator.find_cached_blocks_prefix(argument)  # type: ignore[arg-type]
