@@ -93,6 +93,7 @@ class Driver:
         self.handles: Dict[str, Any] = {}
         self.hashes: Dict[str, int] = {}
         self._queries: Dict[str, List[int]] = {}  # first name -> the target's list
+        self._reused: Dict[int, List[int]] = {}  # slot -> the target's list there
         self.keys: Dict[str, ContentKey] = {}
         self.dead: Set[str] = set()
         self.events: Counter[str] = Counter()
@@ -223,8 +224,11 @@ class Driver:
             return obj.all_block_ids
         if op == "find_cached_blocks_prefix":
             names = args.pop("names")
+            slot = args.pop("reused_list", None)
             if side == "target":
-                return obj.find_cached_blocks_prefix(self._standing_query(names), **args)
+                query = (self._standing_query(names) if slot is None
+                         else self._reused_query(slot, names))
+                return obj.find_cached_blocks_prefix(query, **args)
             return obj.find_cached_blocks_prefix([self.keys[n] for n in names], **args)
         if side == "model":
             args.pop("keep_block_object", None)
@@ -249,6 +253,16 @@ class Driver:
         if query is None or hashes[:len(query)] != query:  # shrunk or changed: a new list
             query = self._queries[names[0]] = []
         query.extend(hashes[len(query):])
+        return query
+
+    def _reused_query(self, slot: int, names: List[str]) -> List[int]:
+        """The target's hash list for the chain ``names`` in the list object
+        of ``slot``, rewritten in place, as a caller that keeps one list per
+        slot (a position in its queue) and reuses it for whichever sequence
+        is there: to a target that remembers lists by identity, the same list
+        comes back shorter, changed, or longer with another start."""
+        query = self._reused.setdefault(slot, [])
+        query[:] = [self.hashes[n] for n in names]
         return query
 
     def _chooser(self, target_ids: List[int]) -> Callable[[frozenset[int]], int]:

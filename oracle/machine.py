@@ -298,27 +298,38 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
         @precondition(lambda self: self.history)
         @rule(data=st.data())
         def find_cached_prefix(self, data: st.DataObject) -> None:
-            """Ask how much of a chain (live or long freed) is cached and computed."""
+            """Ask how much of a chain (live or long freed) is cached and
+            computed; sometimes in a list reused for other chains, rewritten
+            in place (the driver's ``_reused_query``)."""
             names = [n for n in self.pick_history(data) if n in self.d.keys]
+            slot = data.draw(st.sampled_from([None, 0]), label="reused list")
+            self.ask_cached_prefix(names, slot)
+
+        def ask_cached_prefix(self, names: List[str], slot: Optional[int]) -> None:
+            """find_cached_blocks_prefix of the chain ``names``: in the
+            chain's own list (``slot`` None) or in the list of ``slot``."""
+            args: Dict[str, Any] = {"names": names}
+            if slot is not None:
+                args["reused_list"] = slot
             if self.d.kind == "cpu_gpu":
-                self.run("find_cached_blocks_prefix", names=names, device="GPU")
-            else:
-                self.run("find_cached_blocks_prefix", names=names)
+                args["device"] = "GPU"
+            self.run("find_cached_blocks_prefix", **args)
 
         @precondition(lambda self: self.history)
-        @rule()
-        def scheduler_step(self) -> None:
+        @rule(data=st.data())
+        def scheduler_step(self, data: st.DataObject) -> None:
             """As vLLM's scheduler does every step: ask how much of each recent
             sequence (running, or preempted and waiting) is cached and computed,
             with the sequence's own hash list, grown in place (the driver keeps
             one list per chain), so a target that remembers the lists it was
-            asked about must see every eviction and promotion since."""
-            for chain in self.history[-6:]:
+            asked about must see every eviction and promotion since.  Or, as a
+            scheduler that keeps one list per queue position (the newest
+            sequence first), in the list of the sequence's position: as a
+            sequence arrives, every list is rewritten with another chain."""
+            per_position = data.draw(st.booleans(), label="a list per position")
+            for position, chain in enumerate(reversed(self.history[-6:])):
                 names = [n for n in chain if n in self.d.keys]
-                if self.d.kind == "cpu_gpu":
-                    self.run("find_cached_blocks_prefix", names=names, device="GPU")
-                else:
-                    self.run("find_cached_blocks_prefix", names=names)
+                self.ask_cached_prefix(names, position if per_position else None)
 
         def pick_history(self, data: st.DataObject) -> List[str]:
             return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
@@ -344,32 +355,51 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
             else:
                 self.run("get_num_full_blocks_touched", blocks=names)
 
+        def pick_group(self, data: st.DataObject, seqs: List[Seq]) -> List[Seq]:
+            """One sequence of ``seqs`` and up to two more on its device: a
+            group swapped in one call, chain after chain (so a partial block
+            may come before full ones, and forks repeat content)."""
+            first = self.pick(data, seqs)
+            others = [s for s in seqs if s is not first and s.device == first.device]
+            if not others:
+                return [first]
+            more = data.draw(st.lists(st.sampled_from(range(len(others))), max_size=2,
+                                      unique=True), label="with")
+            return [first] + [others[i] for i in more]
+
         @precondition(lambda self: self.seqs)
         @rule(data=st.data())
         def swap(self, data: st.DataObject) -> None:
             """Preemption by swapping: out of the device (kept, detached), or,
-            for a device pair, across to the other device."""
-            seq = self.pick(data, self.seqs)
+            for a device pair, across to the other device; one sequence or a
+            group of them (``pick_group``)."""
+            group = self.pick_group(data, self.seqs)
+            names = [n for seq in group for n in seq.names]
             if self.d.kind == "cpu_gpu":
-                dst = "CPU" if seq.device == "GPU" else "GPU"
-                self.run("swap", blocks=seq.names, src_device=seq.device, dst_device=dst)
+                src = group[0].device
+                dst = "CPU" if src == "GPU" else "GPU"
+                self.run("swap", blocks=names, src_device=src, dst_device=dst)
                 if self.ok():
-                    seq.device = dst
+                    for seq in group:
+                        seq.device = dst
                 return
-            self.run("swap_out", blocks=seq.names)
+            self.run("swap_out", blocks=names)
             if self.ok():
-                self.seqs.remove(seq)
-                self.swapped.append(seq)
+                for seq in group:
+                    self.seqs.remove(seq)
+                    self.swapped.append(seq)
 
         @precondition(lambda self: self.swapped)
         @rule(data=st.data())
         def swap_in(self, data: st.DataObject) -> None:
-            """Resume a swapped-out sequence: every block gets an id again."""
-            seq = self.pick(data, self.swapped)
-            self.run("swap_in", blocks=seq.names)
+            """Resume swapped-out sequences, one or a group in one call: every
+            block gets an id again."""
+            group = self.pick_group(data, self.swapped)
+            self.run("swap_in", blocks=[n for seq in group for n in seq.names])
             if self.ok():
-                self.swapped.remove(seq)
-                self.seqs.append(seq)
+                for seq in group:
+                    self.swapped.remove(seq)
+                    self.seqs.append(seq)
 
         @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
         @rule(data=st.data())

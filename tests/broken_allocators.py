@@ -50,10 +50,10 @@ from prefixcache.impl.errors import (
     DetachedBlockError,
     ImmutableBlockError,
     NoFreeBlocksError,
+    NotInEvictorError,
     RefCountError,
     UnhashableBlockError,
     UnknownBlockIdError,
-    WrongTypeError,
 )
 from prefixcache.impl.evictor import EvictionPolicy, LRUEvictor
 from prefixcache.impl.hashing import builtin_hash, sha256_hash
@@ -418,9 +418,12 @@ class EvictsShallowestFirst(PrefixCachingBlockAllocator):
 class Vllm085Evictor(LRUEvictor):
     """vLLM 0.8.5's ``LRUEvictor.update``: it changes the entry in place and
     pushes nothing on the heap, so the entry's only heap record is stale and
-    is skipped (lost) when it surfaces."""
+    is skipped (lost) when it surfaces.  An absent id is refused as the spec
+    says (vLLM raises a bare KeyError), so that the fault is the order alone."""
 
     def update(self, block_id: int, last_accessed: float) -> None:
+        if block_id not in self.free_table:
+            raise NotInEvictorError(f"block {block_id} is not in the evictor")
         self.free_table[block_id].last_accessed = last_accessed  # FAULT: no heap push
 
 
@@ -468,21 +471,14 @@ class MarkAccessedSkipsEvictable(PrefixCachingBlockAllocator):
     INVARIANTS = ()
 
     def mark_blocks_as_accessed(self, block_ids: List[int], now: float) -> None:
-        check_timestamp(now)
-        if not isinstance(block_ids, (list, tuple)):
-            raise WrongTypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
-        trackers = self._block_tracker
-        for block_id in block_ids:
-            tracker = trackers.get(block_id) if type(block_id) is int else None
-            if tracker is None:
-                raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
-            if not tracker.active and block_id not in self.evictor:
-                raise BlockNotOnDeviceError("Mark block as accessed which is not belonged to GPU")
-        for block_id in block_ids:
-            tracker = trackers[block_id]
-            if tracker.active:
-                tracker.last_accessed = now
-            # FAULT: else: self.evictor.update(block_id, now) is missing
+        # the impl's checks and its update of the ids in use, with the evictor's
+        # update of an evictable id made a no-op for the call
+        evictor: Any = self.evictor
+        evictor.update = lambda block_id, last_accessed: None  # FAULT: the update is skipped
+        try:
+            super().mark_blocks_as_accessed(block_ids, now)
+        finally:
+            del evictor.update
 
 
 # ----------------------------------------------------------------------------

@@ -318,6 +318,20 @@ def test_swap_of_blocks_that_are_not_on_the_source_changes_nothing(kind: str) ->
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_swap_refuses_a_block_off_the_source_before_counting_the_destination(kind: str) -> None:
+    """A swap that is a caller mistake and would not fit either: the mistake is
+    reported (the source's check comes before the destination's count)."""
+    a = make(kind, 2, 1)
+    a.allocate_mutable_block(None, CPU)  # the CPU is full
+    g = a.allocate_immutable_block(None, [1, 2], GPU)
+    gone = a.allocate_immutable_block(None, [3, 4], GPU)
+    a.free(gone)
+    expect_rejected(a, err.DetachedBlockError, lambda: a.swap([g, gone], GPU, CPU),
+                    blocks=[g, gone])
+    expect_rejected(a, err.CallerError, lambda: a.swap([g, g], GPU, CPU), blocks=[g])
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_swapped_then_freed_block_does_not_recycle_a_block_in_use(kind: str) -> None:
     # b comes from the GPU's object pool; once swapped to the CPU and freed
     # there, allocating on the CPU must not hand out an object still in use
@@ -330,6 +344,35 @@ def test_swapped_then_freed_block_does_not_recycle_a_block_in_use(kind: str) -> 
     d = a.allocate_mutable_block(None, CPU)
     assert d is not c
     assert c.block_id == 3 and d.block_id == 2
+
+
+class _OnlyTheInterface:
+    """An allocator that offers only the public API of vLLM's BlockAllocator
+    (vLLM 0.8.5's own have no ``_check_releasable`` and no
+    ``swap_in_demand``): the public calls of a prefixcache.impl allocator."""
+
+    def __init__(self, inner: BlockAllocator) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "swap_in_demand":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_swap_between_allocators_with_only_the_public_api(kind: str) -> None:
+    """swap uses the source's release check and the destination's demand
+    when they have them, and swaps without them when they do not."""
+    pair = make(kind, 3, 3)
+    a = CpuGpuBlockAllocator(cpu_block_allocator=_OnlyTheInterface(  # type: ignore[arg-type]
+        pair._allocators[CPU]), gpu_block_allocator=_OnlyTheInterface(  # type: ignore[arg-type]
+        pair._allocators[GPU]))
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+    assert a.swap(chain, GPU, CPU) == {0: 3, 1: 4}
+    assert a.swap(chain, CPU, GPU) == ({3: 0, 4: 1} if kind == "prefix_caching"
+                                       else {3: 1, 4: 0})
+    assert (a.get_num_free_blocks(GPU), a.get_num_free_blocks(CPU)) == (1, 3)
 
 
 # --------------------------------------------------------------------------
@@ -355,6 +398,18 @@ def test_null_block(kind: str) -> None:
     assert snapshot(a, [null]) == before
     expect_rejected(a, err.InvalidArgumentError, lambda: a.fork(null), blocks=[null])
     expect_rejected(a, AssertionError, lambda: a.fork(null), blocks=[null])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_gpu_allocator_refuses_the_null_block(kind: str) -> None:
+    """The null block stands on a GPU id but is none of the GPU allocator's
+    Blocks: freed or copied there directly, it is refused and its id stays."""
+    a = make(kind, 3, 2)
+    null = a.allocate_or_get_null_block()
+    gpu = a._allocators[GPU]
+    refused = err.ForeignBlockError if kind == "naive" else err.WrongTypeError
+    expect_rejected(a, refused, lambda: gpu.free(null), blocks=[null])
+    expect_rejected(a, refused, lambda: gpu.cow_block_if_not_appendable(null), blocks=[null])
 
 
 def test_null_block_flags_pass_through_to_its_block() -> None:

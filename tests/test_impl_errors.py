@@ -236,6 +236,8 @@ def _wrong_type_calls() -> Dict[str, Callable[[], Tuple[object, Callable[[], obj
             prefix, lambda a: a.find_cached_blocks_prefix(None)),
         "prefix.get_common_computed_block_ids(None)": case(
             prefix, lambda a: a.get_common_computed_block_ids(None)),
+        "prefix.get_common_computed_block_ids([int])": case(
+            prefix, lambda a: a.get_common_computed_block_ids([5])),
         "cpu_gpu.swap(None)": case(pair, lambda a: a.swap(None, Device.GPU, Device.CPU)),
         "cpu_gpu.get_num_full_blocks_touched([str])": case(
             pair, lambda a: a.get_num_full_blocks_touched(["x"], Device.GPU)),

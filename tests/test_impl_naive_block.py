@@ -338,6 +338,16 @@ def test_append_to_a_shared_block_copies_on_write() -> None:
     assert a.clear_copy_on_writes() == [(0, 1), (0, 2)]
 
 
+def test_cow_takes_the_last_free_id() -> None:
+    a = make(2, 4)
+    b = a.allocate_immutable_block(None, [1])
+    (f,) = a.fork(b)
+    assert a.get_num_free_blocks() == 1
+    assert a.cow_block_if_not_appendable(f) == 1
+    assert (b.block_id, f.block_id, a.get_num_free_blocks()) == (0, 1, 0)
+    assert a.clear_copy_on_writes() == [(0, 1)]
+
+
 def test_cow_without_a_free_id_changes_nothing() -> None:
     a = make(2, 4)
     b = a.allocate_immutable_block(None, [1])

@@ -715,6 +715,25 @@ def test_find_cached_blocks_prefix() -> None:
     assert a.find_cached_blocks_prefix([123] + hashes) == []
 
 
+def test_find_cached_blocks_prefix_of_a_list_rewritten_in_place() -> None:
+    """One list object asked about again after the caller rewrote it (longer
+    with another start, as long, shorter): each answer is by its content."""
+    a = make(6, 2)
+    chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6]])
+    a.mark_blocks_as_computed([])
+    hashes = [b.content_hash for b in chain]
+    query = list(hashes)
+    assert a.find_cached_blocks_prefix(query) == hashes
+    query[:] = [123] + hashes
+    assert a.find_cached_blocks_prefix(query) == []
+    query[:] = hashes
+    assert a.find_cached_blocks_prefix(query) == hashes
+    query[:] = hashes[:2] + [123]
+    assert a.find_cached_blocks_prefix(query) == hashes[:2]
+    query[:] = [456]
+    assert a.find_cached_blocks_prefix(query) == []
+
+
 def test_find_cached_blocks_prefix_is_exact_when_a_middle_block_was_evicted() -> None:
     # cached+computed pattern [yes, no, yes, yes]: the answer is the first
     # hash only (a binary search would have returned all four)
@@ -784,6 +803,7 @@ def test_get_common_computed_block_ids() -> None:
     a = make(2, 2)
     single = [4, 5, 6]
     assert a.get_common_computed_block_ids([single]) is single
+    assert a.get_common_computed_block_ids((single,)) is single  # a tuple of lists too
     assert a.get_common_computed_block_ids([[1, 2, 3], [1, 2, 4], [1, 2]]) == [1, 2]
     assert a.get_common_computed_block_ids([[1, 2, 3], [], [1, 2, 3]]) == [1, 2, 3]
     assert a.get_common_computed_block_ids([[5], [6]]) == []
@@ -825,6 +845,23 @@ def test_swap_in_demand_counts_hits_in_use_as_free() -> None:
     a.swap_in([twin, loose])
     assert (twin.block_id, loose.block_id) == (0, 1)
     assert x.block_id == 0 and snapshot(a)["refcounts"][0] == 2
+
+
+def test_swap_in_demand_of_several_chains() -> None:
+    """A block without a hash takes an id wherever it is listed, and content
+    listed twice takes one id: two sequences swapped in at once, each with a
+    partial tail, the second a fork of the first."""
+    a = make(3, 2)
+    first = a.allocate_immutable_block(None, [1, 2])
+    tail = a.allocate_mutable_block(first)
+    tail.append_token_ids([3])
+    fork = a.fork(tail)
+    blocks = [first, tail] + fork
+    a.swap_out(blocks)
+    assert a.swap_in_demand(blocks) == 3  # [1, 2] once, each partial tail
+    a.swap_in(blocks)
+    assert [b.block_id for b in blocks] == [0, 1, 0, 2]
+    assert a.get_num_free_blocks() == 0
 
 
 def test_swap_in_that_cannot_fit_changes_nothing() -> None:
@@ -1070,6 +1107,11 @@ def test_append_rules() -> None:
     computed.computed = True
     expect_rejected(a, err.ImmutableBlockError, lambda: computed.append_token_ids([1]),
                     blocks=[computed])
+    wide = make(2, 4)
+    room = wide.allocate_mutable_block(None)
+    for token in (None, "x", 1.0):  # one token into a block with room: the short path
+        expect_rejected(wide, err.WrongTypeError,
+                        lambda token=token: room.append_token_ids([token]), blocks=[room])
 
 
 def test_detached_block_append_does_not_touch_the_allocator() -> None:
@@ -1230,6 +1272,24 @@ def test_computed_blocks_tracker_errors() -> None:
     tracker.remove_seq(1)
     with pytest.raises(err.UnknownBlockIdError):
         tracker.remove_seq(1)
+
+
+def test_computed_blocks_tracker_does_not_track_a_sequence_whose_query_failed() -> None:
+    """A query that raised recorded the sequence's hashes but no answer: the
+    sequence was not queried, so remove_seq refuses it and changes nothing."""
+
+    class Failing:
+        def find_cached_blocks_prefix(self, block_hashes: List[int]) -> List[int]:
+            raise RuntimeError("the allocator failed")
+
+    tracker = ComputedBlocksTracker(Failing(), 2, True)
+    with pytest.raises(RuntimeError):
+        tracker.get_num_cached_tokens(FakeSeq(1, [1, 2, 3]))
+    assert tracker._seq_id_to_blocks_hashes == {1: [H(True, None, [1, 2])]}
+    with pytest.raises(err.UnknownBlockIdError):
+        tracker.remove_seq(1)
+    assert tracker._seq_id_to_blocks_hashes == {1: [H(True, None, [1, 2])]}
+    assert tracker._seq_id_to_num_tokens_computed == {}
 
 
 def test_computed_blocks_tracker_disabled() -> None:
