@@ -10,10 +10,11 @@ breaks the allocator?
 mutmut 3 (configured in pyproject.toml, ``[tool.mutmut]``) copies the tree into
 ./mutants/, mutates every function of impl/ and runs, for each mutant, the tests
 that reach the mutated function (tests/conftest.py narrows and orders them: the
-oracle's conformance tests first, then the impl's unit tests, the differential
-test against vLLM 0.8.5 last).  Then this script lists the survivors with
-their diffs, compares them with the equivalent mutants listed in
-bench/MUTATION.md, and ends with ``mutation score: K/N killed``.
+oracle's conformance tests first, in a short run, then the impl's unit tests,
+the oracle's full runs, the differential test against vLLM 0.8.5 last).  Then
+this script lists the survivors with their diffs, compares them with the
+equivalent mutants listed in bench/MUTATION.md, and ends with
+``mutation score: K/N killed``.
 
 K counts only real kills: a test failed on the mutant, or the tests ran past
 their CPU limit (a mutant that makes the allocator loop).  N counts every
@@ -57,10 +58,12 @@ KILLED = {"killed", "timeout"}
 SKIPPED = 34  # mutmut's exit code for "skipped": how a listed equivalent is marked
 
 #: The smoke: every mutant of the evictor's ordering key, judged by the oracle's
-#: conformance test of the prefix-caching allocator and the evictor's unit tests.
+#: conformance tests of the prefix-caching allocator (both stages) and the
+#: evictor's unit tests.
 SMOKE_MUTANTS = "prefixcache.impl.evictor.xǁLRUEvictorǁ_push__mutmut_*"
 SMOKE_SOURCE = "prefixcache/impl/evictor.py"
-SMOKE_TESTS = ["tests/test_mutation_oracle.py::TestPrefixCachingConformance",
+SMOKE_TESTS = ["tests/test_mutation_oracle.py::TestPrefixCachingFirst",
+               "tests/test_mutation_oracle.py::TestPrefixCachingConformance",
                "tests/test_impl_evictor.py"]
 
 #: An entry of bench/MUTATION.md: a ``### `name` `` heading, a ```diff block

@@ -1,11 +1,18 @@
-"""The oracle's conformance tests in the ``mutation`` profile: the first tests
-mutmut runs against each mutant of impl/ (bench/mutation.py, issue #7).
+"""The oracle's conformance tests that judge each mutant of impl/
+(bench/mutation.py, issue #7), in two stages.
 
 One conformance test per allocator of impl/ (prefix-caching, the same with
 ``verify_content=True``, naive, the CPU/GPU pair), each derandomized with a
-fixed budget and no shrinking, so a mutant's verdict is the same on every run.
-In the normal suite they prove that the unmutated impl passes the profile the
-campaign relies on.
+fixed budget and no shrinking, so a mutant's verdict is the same on every run:
+
+* ``Test*First`` (profile ``mutation-first``, 10 examples): what mutmut runs
+  first against every mutant, ahead of the unit tests;
+* ``Test*Conformance`` (profile ``mutation``, 60 examples): with the other
+  tests, fastest first (after nearly every unit test), for the mutants that
+  nothing before killed.
+
+tests/conftest.py orders them so under mutmut.  In the normal suite they prove
+that the unmutated impl passes the profiles the campaign relies on.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 from prefixcache.oracle.conformance import conformance_test
 
-PROFILE = "mutation"
+FIRST, FULL = "mutation-first", "mutation"
+NAIVE = "prefixcache.impl.naive_block:NaiveBlockAllocator"
+CPU_GPU = "prefixcache.impl.cpu_gpu_block_allocator:CpuGpuBlockAllocator"
 
 
 def verifying(num_blocks: int, block_size: int) -> PrefixCachingBlockAllocator:
@@ -22,9 +31,12 @@ def verifying(num_blocks: int, block_size: int) -> PrefixCachingBlockAllocator:
                                        verify_content=True)
 
 
-TestPrefixCachingConformance = conformance_test(profile=PROFILE)
-TestVerifyContentConformance = conformance_test(verifying, profile=PROFILE)
-TestNaiveConformance = conformance_test(
-    "prefixcache.impl.naive_block:NaiveBlockAllocator", profile=PROFILE)
-TestCpuGpuConformance = conformance_test(
-    "prefixcache.impl.cpu_gpu_block_allocator:CpuGpuBlockAllocator", profile=PROFILE)
+TestPrefixCachingFirst = conformance_test(profile=FIRST)
+TestVerifyContentFirst = conformance_test(verifying, profile=FIRST)
+TestNaiveFirst = conformance_test(NAIVE, profile=FIRST)
+TestCpuGpuFirst = conformance_test(CPU_GPU, profile=FIRST)
+
+TestPrefixCachingConformance = conformance_test(profile=FULL)
+TestVerifyContentConformance = conformance_test(verifying, profile=FULL)
+TestNaiveConformance = conformance_test(NAIVE, profile=FULL)
+TestCpuGpuConformance = conformance_test(CPU_GPU, profile=FULL)
