@@ -54,7 +54,6 @@ from .hashing import NONE_HASH, HashAlgo, HashFunction, builtin_hash, resolve_ha
 from .interfaces import Block, BlockAllocator, BlockId, Device
 from .naive_block import NaiveBlockAllocator, check_detached, check_no_device
 from .prefix_memo import PrefixMemo
-from .prefix_memo import cut as cut_remembered
 
 logger = logging.getLogger(__name__)
 
@@ -460,9 +459,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if self._verify_content:
                 del self._contents[block_id]
             self._touched_blocks.discard(block_id)
-            holders = self._prefix_memo._holders.pop(content_hash, None)
-            if holders is not None:  # PrefixMemo.evicted, inline
-                cut_remembered(holders)
+            self._prefix_memo.evicted(content_hash)
         else:
             raise NoFreeBlocksError("no free or evictable block")
         self._refcounts[block_id] = 1

@@ -69,9 +69,9 @@ class PrefixMemo:
     def evicted(self, content_hash: int) -> None:
         """``content_hash`` left the cache: cut every remembered prefix that
         holds it before its first occurrence there."""
-        holders = self._holders.pop(content_hash, None)
-        if holders is not None:
-            cut(holders)
+        for entry, index in self._holders.pop(content_hash, ()):
+            if index < entry.length:
+                entry.length = index
 
     def find(self, block_hashes: List[int], cached: Mapping[int, int],
              touched: AbstractSet[int]) -> List[int]:
@@ -114,14 +114,6 @@ class PrefixMemo:
         entry.length = _scan(block_hashes, 0, cached, touched, entry, self._holders)
         self._indexed += entry.length
         return block_hashes[:entry.length]
-
-
-def cut(holders: List[Tuple[_Entry, int]]) -> None:
-    """Shorten each entry's prefix to end before its paired index (the
-    index of a hash that left the cache)."""
-    for entry, index in holders:
-        if index < entry.length:
-            entry.length = index
 
 
 def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
