@@ -16,8 +16,9 @@ this script lists the survivors with their diffs, compares them with the
 equivalent mutants listed in bench/MUTATION.md, and ends with
 ``mutation score: K/N killed``.
 
-K counts only real kills: a test failed on the mutant, or the tests ran past
-their CPU limit (a mutant that makes the allocator loop).  N counts every
+K counts only real kills: a test failed on the mutant, the tests ran past
+their CPU limit (a mutant that makes the allocator loop) or the test process
+died (one that makes it grow without end, stopped by a memory limit).  N counts every
 mutant.  A mutant listed in bench/MUTATION.md as equivalent (with the reason)
 is not a kill: it is not even run (it cannot be killed, and running every test
 on it is the most expensive thing a campaign does; ``--all`` runs them too, to
@@ -54,7 +55,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
 EQUIVALENTS = ROOT / "bench" / "MUTATION.md"
-KILLED = {"killed", "timeout"}
+#: A kill: a test failed, the tests ran past their CPU limit (a mutant that makes
+#: the allocator loop), or the test process died (a mutant that makes it grow
+#: without end meets MEMORY_LIMIT and fails with MemoryError; mutmut calls a
+#: process killed by a signal a "segfault").
+KILLED = {"killed", "timeout", "segfault"}
+#: The heap of every test process (RLIMIT_DATA): about ten times what the tests use.
+MEMORY_LIMIT = 4 << 30
 SKIPPED = 34  # mutmut's exit code for "skipped": how a listed equivalent is marked
 
 #: The smoke: every mutant of the evictor's ordering key, judged by the oracle's
@@ -178,6 +185,11 @@ def mark_equivalents(equivalents: List[Equivalent], only_unchecked: bool = False
     return marked
 
 
+def _limit_memory() -> None:
+    """In mutmut's process (and so in every test process it forks): cap the heap."""
+    resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
 def run_mutmut(max_children: int, names: Sequence[str], log: Path) -> int:
     """``mutmut run`` in a child process; its output goes to ``log``, a
     progress line to stdout every 15 s.  Returns mutmut's exit code."""
@@ -187,7 +199,8 @@ def run_mutmut(max_children: int, names: Sequence[str], log: Path) -> int:
     log.parent.mkdir(exist_ok=True)
     last_print, progress = time.monotonic(), ""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                preexec_fn=_limit_memory)
         assert proc.stdout is not None
         while True:
             chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]

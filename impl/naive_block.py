@@ -68,6 +68,8 @@ class NaiveBlockAllocator(BlockAllocator):
         block_pool: Optional[BlockPool] = None,
     ) -> None:
         check_sizes(num_blocks, block_size)
+        if not callable(create_block):
+            raise WrongTypeError(f"create_block must be callable, got {create_block!r}")
         ids = check_block_ids(range(num_blocks) if block_ids is None else block_ids, num_blocks)
         self._free_block_indices: Deque[BlockId] = deque(ids)
         self._all_block_indices: FrozenSet[BlockId] = frozenset(ids)

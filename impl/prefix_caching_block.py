@@ -202,10 +202,11 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         computed: bool = False,
         extra_hash: Optional[int] = None,
     ) -> Block:
-        """The pool's factory: a PrefixCachingBlock bound to this allocator."""
+        """The pool's factory: a PrefixCachingBlock of ``allocator`` (the pool's,
+        this one)."""
         return PrefixCachingBlock(
             prev_block=prev_block, token_ids=token_ids, block_size=block_size,
-            allocator=self, block_id=block_id, computed=computed, extra_hash=extra_hash,
+            allocator=allocator, block_id=block_id, computed=computed, extra_hash=extra_hash,
         )
 
     @property
@@ -273,15 +274,10 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         size = self._block_size
         hash_fn = self._hash_fn
         for token_ids in block_token_ids:
-            if type(token_ids) is list and len(token_ids) == size:
-                for token in token_ids:  # check_token_ids, inline for the usual case
-                    if type(token) is not int:
-                        check_token_ids(token_ids, size)  # raises
-            else:
-                check_token_ids(token_ids, size)
-                if len(token_ids) != size:
-                    raise UnhashableBlockError(
-                        f"an immutable block needs {size} tokens, got {len(token_ids)}")
+            check_token_ids(token_ids, size)
+            if len(token_ids) != size:
+                raise UnhashableBlockError(
+                    f"an immutable block needs {size} tokens, got {len(token_ids)}")
             parent = hash_fn(parent, token_ids, extra_hash)
             hashes.append(parent)
         return hashes
@@ -499,18 +495,18 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def _release_block(self, block: PrefixCachingBlock, block_id: BlockId) -> None:
         """Drop ``block``'s reference to ``block_id``.  At 0 an immutable id
         (cached under the block's hash) becomes evictable with its tracked
-        access time, a mutable one free (on the left)."""
+        access time, a mutable one free (on the left).  A Block on a cached id
+        always knows its hash: caching an id computes the hash on the Block
+        that takes it, and ``fork`` copies it to the Blocks that share it."""
         content_hash = block._cached_content_hash
-        if content_hash is None and len(block._token_ids) == block._block_size:
-            content_hash = block.content_hash
         refcounts = self._refcounts
         count = refcounts[block_id] - 1
         refcounts[block_id] = count
         if count:
             return
         tracker = self._block_tracker[block_id]
-        if content_hash is not None and self._cached_blocks.get(content_hash) == block_id:
-            self.evictor.add(block_id, content_hash, block._num_tokens_total,
+        if self._cached_blocks.get(content_hash) == block_id:  # type: ignore[arg-type]
+            self.evictor.add(block_id, content_hash, block._num_tokens_total,  # type: ignore[arg-type]
                              tracker.last_accessed)
         else:
             self._free_ids.appendleft(block_id)
@@ -543,10 +539,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         block._unhashable = False
         if prev_block is None:
             block._num_tokens_total = len(token_ids)
-        elif type(prev_block) is PrefixCachingBlock:
-            block._num_tokens_total = len(token_ids) + prev_block._num_tokens_total
-        else:
-            block._num_tokens_total = len(token_ids) + prev_block.num_tokens_total
+        else:  # a PrefixCachingBlock: every caller checked it
+            block._num_tokens_total = len(token_ids) + prev_block._num_tokens_total  # type: ignore[attr-defined]
         return block
 
     def _allocate_full(
@@ -582,8 +576,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """An empty Block on a fresh id (the leftmost free id, else the first
         evictor victim, which leaves the cache).  Raises NoFreeBlocksError
         when neither exists."""
-        if device is not None or extra_hash is not None or (
-                prev_block is not None and not isinstance(prev_block, PrefixCachingBlock)):
+        if (device is not None or extra_hash is not None
+                or not isinstance(prev_block, _BLOCK_OR_NONE)):
             self._check_new_block_args(prev_block, extra_hash, device)
         return self._pooled_block(prev_block, _NO_TOKENS, self._take_id(), extra_hash)
 
@@ -1112,24 +1106,16 @@ class PrefixCachingBlock(Block):
                 tokens.append(token_ids[0])
                 self._num_tokens_total += 1
                 return
-        if self._computed or self._cached_content_hash is not None or (
-                used == size and self.content_hash is not None):
+        # (a Block whose hash is known is full, so the hash test covers it)
+        if self._computed or (used == size and self.content_hash is not None):
             check_token_types(token_ids)  # a wrong type is reported first
             raise ImmutableBlockError("cannot append to an immutable or computed block")
         if not token_ids:
             return
+        check_token_ids(token_ids, size - used)
         count = len(token_ids)
-        if type(token_ids) is not list or count != 1 or used == size or type(
-                token_ids[0]) is not int:
-            check_token_ids(token_ids, size - used)
-        block_id = self._block_id
-        if block_id is not None:
-            allocator = self._allocator
-            # The allocator's copy-on-write, unless this is its sole reference
-            # (which is all cow_block_if_not_appendable would check).
-            if (type(allocator) is not PrefixCachingBlockAllocator
-                    or allocator._refcounts.get(block_id) != 1):
-                self._block_id = allocator.cow_block_if_not_appendable(self)
+        if self._block_id is not None:
+            self._block_id = self._allocator.cow_block_if_not_appendable(self)
         tokens.extend(token_ids)
         self._num_tokens_total += count
         if used + count == size:
@@ -1231,6 +1217,10 @@ class PrefixCachingBlock(Block):
     @property
     def extra_hash(self) -> Optional[int]:
         return self._extra_hash
+
+
+#: What ``prev_block`` may be (allocate_mutable_block's test of its usual case).
+_BLOCK_OR_NONE = (PrefixCachingBlock, type(None))
 
 
 def assert_prefix_caching_block_or_none(block: Optional[Block]) -> None:

@@ -14,8 +14,9 @@ cuts at once every remembered prefix that holds the hash, and a reset
 forgets everything (:meth:`PrefixMemo.clear`).
 
 A remembered list is recognised by identity and verified by content (a
-list changed in place or shortened is examined afresh).  The memo keeps a
-reference to at most ``capacity`` lists and at most ``index_limit`` entries
+list changed in place or shortened, or a new list that took a dead one's
+id, is examined afresh).  The memo holds a copy of each list, not the list
+itself, for at most ``capacity`` lists, and at most ``index_limit`` entries
 in its index of which prefix holds which hash; beyond either it starts
 over, which costs one full examination per list.
 """
@@ -26,16 +27,14 @@ from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence, Tuple
 
 
 class _Entry:
-    """What is remembered about one list: the list itself (held, so its id
-    stays unique), a copy of its content and the length of its cached and
-    computed prefix."""
+    """What is remembered about one list: a copy of its content and the
+    length of its cached and computed prefix."""
 
-    __slots__ = ("source", "snapshot", "length")
+    __slots__ = ("snapshot", "length")
 
     length: int  # set by the scan that follows the construction
 
     def __init__(self, source: List[int]) -> None:
-        self.source = source
         self.snapshot: List[int] = source[:]
 
 

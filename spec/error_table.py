@@ -110,7 +110,8 @@ ERROR_TABLE: Tuple[ErrorCase, ...] = tuple(
     + _rows("allocate_immutable_blocks", (PREFIX,),
             ("underfull", "a token list has fewer tokens than a block holds",
              UnhashableBlockError),
-            ("prev-unhashed", "prev_block has no content hash", UnhashableBlockError))
+            ("prev-unhashed", "prev_block has no content hash", UnhashableBlockError),
+            ("extra-type", "extra_hash is neither None nor an int", WrongTypeError))
     + _rows("free", BOTH, *_BLOCK_ARGUMENT)
     + _rows("free", (CPU_GPU,),
             ("pair-detached", "the Block is detached", DetachedBlockError),

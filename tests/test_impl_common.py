@@ -27,6 +27,7 @@ from prefixcache.impl.common import (
 )
 from prefixcache.impl.interfaces import Block
 from prefixcache.impl.naive_block import NaiveBlock, NaiveBlockAllocator
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 
 # --------------------------------------------------------------------------
 # RefCounter
@@ -226,6 +227,15 @@ def test_pool_adopt_of_its_own_or_of_a_poolless_block() -> None:
     bare = SimpleNamespace(block_id=None)
     pool.adopt(bare)  # type: ignore[arg-type]
     assert pool._pool == [own, stranger, bare] and list(pool._free_ids) == []
+
+
+def test_pool_init_block_passes_the_extra_hash_on_a_reused_slot() -> None:
+    allocator = PrefixCachingBlockAllocator(num_blocks=4, block_size=4)
+    pool = BlockPool(4, allocator._create_block, allocator, 1)
+    first = pool.init_block(None, [1], 4, physical_block_id=0, extra_hash=7)
+    pool.free_block(first)
+    again = pool.init_block(None, [2], 4, physical_block_id=1, extra_hash=9)
+    assert again is first and (again.extra_hash, again.token_ids) == (9, [2])
 
 
 def test_pool_init_block_with_too_many_tokens_leaves_the_pool_as_it_was() -> None:
@@ -430,6 +440,10 @@ def test_check_sizes() -> None:
 def test_check_block_ids() -> None:
     assert check_block_ids(iter([5, 2, 9]), 3) == [5, 2, 9]
     assert check_block_ids(range(0), 0) == []
+    assert check_block_ids(range(3, 6), 3) == [3, 4, 5]
+    for wrong in (range(2), range(4)):
+        with pytest.raises(err.InvalidArgumentError):
+            check_block_ids(wrong, 3)
     with pytest.raises(err.InvalidArgumentError, match="duplicates"):
         check_block_ids([1, 2, 1], 3)
     with pytest.raises(err.InvalidArgumentError):

@@ -68,6 +68,12 @@ def test_bad_constructor_arguments(kwargs: dict) -> None:
         NaiveBlockAllocator(create_block=NaiveBlock, **kwargs)
 
 
+def test_create_block_must_be_callable() -> None:
+    for wrong in (None, "NaiveBlock"):
+        with pytest.raises(err.WrongTypeError):
+            NaiveBlockAllocator(create_block=wrong, num_blocks=2, block_size=2)  # type: ignore[arg-type]
+
+
 def test_zero_blocks() -> None:
     a = make(0, 2)
     assert a.get_num_free_blocks() == 0 and a.get_num_total_blocks() == 0

@@ -407,6 +407,49 @@ def test_promote_directly() -> None:
     assert a._touched_blocks == {0}
 
 
+def test_promote_directly_onto_cached_content_moves_the_block() -> None:
+    a = make(4, 2)
+    cached = a.allocate_immutable_block(None, [5, 6])
+    b = a.allocate_mutable_block(None)
+    b._token_ids.extend([5, 6])  # filled behind the allocator's back, not promoted yet
+    b._num_tokens_total = 2
+    assert a.promote_to_immutable_block(b) == cached.block_id == 0
+    assert (b.block_id, b.computed) == (0, True)  # the Block itself moved, not only the answer
+    state = snapshot(a)
+    assert state["refcounts"][0] == 2 and state["free"] == [1, 2, 3]
+
+
+def test_free_of_a_block_the_pool_does_not_hold() -> None:
+    """A Block the caller built on an id in use is this allocator's (its
+    allocator and id say so): free drops the reference it stands for and
+    leaves the pool alone, whatever ``pool_id`` it carries."""
+    a = make(4, 2)
+    held = [a.allocate_mutable_block(None) for _ in range(3)]
+    pool_before = snapshot(a)["pool"]
+    for pool_id in (None, len(a._block_pool._pool), 0):
+        stranger = PrefixCachingBlock(None, [], 2, a, block_id=held[0].block_id)
+        if pool_id is not None:
+            stranger.pool_id = pool_id  # another pool's slot, or a slot of another object
+        a._refcounts[held[0].block_id] += 1  # the reference the stranger stands for
+        a.free(stranger)
+        assert stranger.block_id is None
+        assert snapshot(a)["pool"] == pool_before
+        assert a._refcounts[held[0].block_id] == 1
+    a.free(held[0])
+    assert snapshot(a)["free"] == [0, 3]
+
+
+def test_a_reused_block_object_starts_afresh() -> None:
+    a = make(4, 2)
+    b = a.allocate_mutable_block(None)
+    b.append_token_ids([1])
+    b.last_accessed, b.computed = 7.0, True
+    a.free(b)
+    again = a.allocate_mutable_block(None)
+    assert again is b  # the pool's object, re-initialised in place
+    assert (again.last_accessed, again.computed, again.token_ids) == (-1, False, [])
+
+
 def test_promote_errors_change_nothing() -> None:
     a, other = make(4, 2), make(4, 2)
     full = a.allocate_immutable_block(None, [1, 2])
@@ -1072,6 +1115,34 @@ def test_content_hash_rules() -> None:
     assert after_not_full.is_full and after_not_full.content_hash is None
     after_that = PrefixCachingBlock(after_not_full, [7, 8], 2, a)
     assert after_that.content_hash is None
+
+
+def test_hashability_is_settled_as_a_block_fills() -> None:
+    """A block that fills while its previous block is not full never gets a
+    hash, even once that block fills; a block that fills after it does."""
+    a = make(8, 2)
+    head = a.allocate_mutable_block(None)
+    head.append_token_ids([1])
+    tail = a.allocate_mutable_block(head)
+    tail.append_token_ids([2, 3])  # full while head is not
+    head.append_token_ids([4])  # head fills: hashed and promoted
+    assert head.content_hash == H(True, None, [1, 4]) and a._cached_blocks == {
+        head.content_hash: head.block_id}
+    assert tail.is_full and tail.content_hash is None
+    expect_rejected(a, err.UnhashableBlockError,
+                    lambda: a.allocate_immutable_block(tail, [5, 6]), blocks=[head, tail])
+    expect_rejected(a, err.UnhashableBlockError, lambda: a.is_block_cached(tail),
+                    blocks=[head, tail])
+    # Blocks built by the constructor follow the same rule
+    loose_head = PrefixCachingBlock(None, [1], 2, a)
+    loose_tail = PrefixCachingBlock(loose_head, [2, 3], 2, a)  # built full after a non-full one
+    loose_head.append_token_ids([4])
+    assert loose_tail.content_hash is None
+    later_head = PrefixCachingBlock(None, [1], 2, a)
+    later_tail = PrefixCachingBlock(later_head, [2], 2, a)  # built non-full: not settled yet
+    later_head.append_token_ids([4])
+    later_tail.append_token_ids([3])
+    assert later_tail.content_hash == H(False, H(True, None, [1, 4]), [2, 3])
 
 
 def test_full_block_after_a_non_full_block_shares_with_nothing() -> None:

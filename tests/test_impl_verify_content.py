@@ -112,6 +112,17 @@ def test_extra_hash_is_part_of_the_content() -> None:
             == off.allocate_immutable_block(None, [1, 2], extra_hash=7).block_id)
 
 
+def test_a_fork_of_a_colliding_block_has_no_hash_either() -> None:
+    a = make(True)
+    first = a.allocate_immutable_block(None, [1, 2])
+    second = a.allocate_immutable_block(None, [3, 4])  # collides: its own id, no hash
+    (forked,) = a.fork(second)
+    assert forked.block_id == second.block_id and forked.content_hash is None
+    with pytest.raises(err.UnhashableBlockError):
+        a.is_block_cached(forked)
+    check_invariants(a, [first, second, forked])
+
+
 def test_a_chain_after_a_collision_has_no_hash() -> None:
     a = make(True, hash_algo=first_token)
     a.allocate_immutable_block(None, [1, 2])
