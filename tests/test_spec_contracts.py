@@ -346,6 +346,8 @@ SCENARIOS.update({
         lambda f: f.a.allocate_immutable_blocks(None, [[8, 8], [1]]),
     ("allocate_immutable_blocks", "prev_block has no content hash"):
         lambda f: f.a.allocate_immutable_blocks(f.m, [[1, 2]]),
+    ("allocate_immutable_blocks", "extra_hash is neither None nor an int"):
+        lambda f: f.a.allocate_immutable_blocks(None, [[1, 2]], extra_hash="x"),
     ("append_token_ids", "token_ids is not a list of ints"):
         lambda f: f.m.append_token_ids(["a"]),
     ("append_token_ids", "more tokens than the block has empty slots"):
