@@ -189,7 +189,7 @@ def _target_constructor(driver: Driver, op: str, args: Dict[str, Any]) -> Any:
     if driver.kind == "naive":
         from .targets import _naive_block_class
 
-        return cls(create_block=_naive_block_class(cls), **args)
+        return cls(**{"create_block": _naive_block_class(cls), **args})
     return cls(**args)
 
 
@@ -211,6 +211,8 @@ def _model_constructor(driver: Driver, op: str, args: Dict[str, Any]) -> Any:
     if type(options.pop("verify_content", False)) is not bool:
         raise err.InvalidArgumentError("verify_content must be a bool")
     if driver.kind == "naive":
+        if not callable(options.pop("create_block", callable)):
+            raise err.WrongTypeError("create_block must be callable")
         options["caching"] = False
     return Model(**options)
 
@@ -759,6 +761,7 @@ BAD_SIZES: Args = [dict(num_blocks=-1, block_size=2), dict(num_blocks="3", block
                    dict(num_blocks=2, block_size=0), dict(num_blocks=2, block_size="2")]
 BAD_IDS: Args = [dict(num_blocks=2, block_size=1, block_ids=ids)
                  for ids in ([0, 0], [0, "1"], [0, 1, 2])]
+BAD_FACTORY: Args = [dict(num_blocks=1, block_size=1, create_block=f) for f in (None, "NaiveBlock")]
 BAD_HASH: Args = [dict(num_blocks=1, block_size=1, hash_algo=h) for h in ("md5", 7)]
 BAD_VERIFY: Args = [dict(num_blocks=1, block_size=1, verify_content=v) for v in ("yes", 1, None)]
 BAD_TYPE: Args = [dict(allocator_type=t, num_gpu_blocks=1, num_cpu_blocks=1, block_size=1)
@@ -848,6 +851,7 @@ PROVOKERS: Dict[str, Provoker] = {
         m.run("block_is_computed", block_id=UNKNOWN_ID))),
     "__init__:sizes": _construct(BAD_SIZES),
     "__init__:block-ids": _construct(BAD_IDS),
+    "__init__:create-block": _construct(BAD_FACTORY),
     "__init__:hash-algo": _construct(BAD_HASH),
     "__init__:verify-content": _construct(BAD_VERIFY),
     "__init__:shared-ids": _construct(SHARED_IDS),

@@ -185,6 +185,8 @@ ERROR_TABLE: Tuple[ErrorCase, ...] = tuple(
              InvalidArgumentError),
             ("block-ids", "block_ids has duplicates, non-ints, or not num_blocks ids",
              InvalidArgumentError))
+    + _rows("__init__", (NAIVE,),
+            ("create-block", "create_block is not callable", WrongTypeError))
     + _rows("__init__", (PREFIX,),
             ("hash-algo", "hash_algo is neither 'builtin', 'sha256' nor a callable",
              InvalidArgumentError),
