@@ -199,14 +199,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         block_size: int,
         allocator: BlockAllocator,
         block_id: Optional[int] = None,
-        computed: bool = False,
         extra_hash: Optional[int] = None,
     ) -> Block:
         """The pool's factory: a PrefixCachingBlock of ``allocator`` (the pool's,
-        this one)."""
+        this one), not computed (the pools never ask for a computed one)."""
         return PrefixCachingBlock(
             prev_block=prev_block, token_ids=token_ids, block_size=block_size,
-            allocator=allocator, block_id=block_id, computed=computed, extra_hash=extra_hash,
+            allocator=allocator, block_id=block_id, extra_hash=extra_hash,
         )
 
     @property

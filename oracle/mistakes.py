@@ -503,17 +503,24 @@ def _alloc_rows(op: str) -> Dict[str, Provoker]:
 
 # -- appends, copy-on-write, promotion -------------------------------------------------
 
-def _on_open(op: str, make: Callable[[Machine, str], Dict[str, Any]]) -> Provoke:
-    """The wrong call on a block that can take a token."""
+def _on_open(op: str, make: Callable[[Machine, str, st.DataObject], Dict[str, Any]]) -> Provoke:
+    """The wrong call on a block that can take a token, with the arguments
+    ``make`` gives for the machine, the block's name and the data."""
 
     def provoke(m: Machine, data: st.DataObject) -> bool:
         opened = _open_block(m, data)
         if opened is None:
             return False
-        m.run(op, block=opened[1], **make(m, opened[1]))
+        m.run(op, block=opened[1], **make(m, opened[1], data))
         return True
 
     return provoke
+
+
+#: Token arguments that are not a list of ints, each one token long: a
+#: one-entry mapping indexes like a one-token list, which a fast path that
+#: looks only at ``token_ids[0]`` would take.
+BAD_TOKENS: List[Any] = [["x"], [True], [1.5], {0: 5}]
 
 
 def _shared_then_full(op: str) -> Provoke:
@@ -810,10 +817,10 @@ PROVOKERS: Dict[str, Provoker] = {
         m.run("free_block_id", block_id=_draw(d, _free_ids(m), "id")))),
     "fork:null-block": Provoker(_always, _null_then("fork")),
     "append_token_ids:tokens-type": Provoker(_always, _on_open(
-        "append_token_ids", lambda m, n: {"token_ids": ["x"]})),
+        "append_token_ids", lambda m, n, d: {"token_ids": _draw(d, BAD_TOKENS, "token_ids")})),
     "append_token_ids:overfull": Provoker(_always, _on_open(
         "append_token_ids",
-        lambda m, n: {"token_ids": [0] * (m.handle(n).num_empty_slots + 1)})),
+        lambda m, n, d: {"token_ids": [0] * (m.handle(n).num_empty_slots + 1)})),
     "append_token_ids:no-free-cow": Provoker(_always, _shared_then_full("append_token_ids")),
     "append_token_ids:immutable": Provoker(_always, _on_immutable("append_token_ids")),
     "append_token_ids:null-block": Provoker(_always, _null_then("append_token_ids")),
@@ -822,7 +829,7 @@ PROVOKERS: Dict[str, Provoker] = {
     "cow_block_if_not_appendable:immutable-shared": Provoker(
         _always, _on_immutable("cow_block_if_not_appendable", fork_first=True)),
     "promote_to_immutable_block:unhashable": Provoker(
-        _always, _on_open("promote_to_immutable_block", lambda m, n: {})),
+        _always, _on_open("promote_to_immutable_block", lambda m, n, d: {})),
     "promote_to_immutable_block:immutable": Provoker(
         _always, _on_immutable("promote_to_immutable_block")),
     "promote_to_immutable_block:naive": Provoker(_any_live, _promote_naive),
@@ -846,7 +853,7 @@ PROVOKERS: Dict[str, Provoker] = {
     "swap:over-release": Provoker(_always, _over_release),
     "swap:no-free": Provoker(lambda m: bool(_swap_no_free_seqs(m)), _swap_no_free),
     "swap:unknown-device": Provoker(_any_live, _swap_unknown_device),
-    "is_block_cached:unhashed": Provoker(_always, _on_open("is_block_cached", lambda m, n: {})),
+    "is_block_cached:unhashed": Provoker(_always, _on_open("is_block_cached", lambda m, n, d: {})),
     "block_is_computed:unknown-id": Provoker(_always, lambda m, d: bool(
         m.run("block_is_computed", block_id=UNKNOWN_ID))),
     "__init__:sizes": _construct(BAD_SIZES),
