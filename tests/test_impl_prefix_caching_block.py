@@ -531,6 +531,15 @@ def test_cow_errors_change_nothing() -> None:
     assert a.cow_block_if_not_appendable(full) == 0  # sole reference: no copy needed
 
 
+def test_copy_on_write_of_a_block_of_another_allocator_on_a_sole_id_is_refused() -> None:
+    a, other = make(3, 2), make(3, 2)
+    mine = a.allocate_mutable_block(None)
+    theirs = other.allocate_mutable_block(None)
+    assert theirs.block_id == mine.block_id  # the id holds one reference in ``a``
+    expect_rejected(a, err.ForeignBlockError, lambda: a.cow_block_if_not_appendable(theirs),
+                    blocks=[mine])
+
+
 # --------------------------------------------------------------------------
 # free
 
@@ -1061,6 +1070,15 @@ def test_same_extra_hash_shares_and_hits() -> None:
     assert a.get_prefix_cache_hit_rate() == 0.5
 
 
+def test_a_cache_hit_keeps_the_extra_hash_of_the_request() -> None:
+    a = make(4, 2)
+    first = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=7)
+    again = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=7)
+    assert [b.block_id for b in again] == [b.block_id for b in first]  # hits
+    assert [b.extra_hash for b in again] == [7, 7]
+    assert [b.content_hash for b in again] == [b.content_hash for b in first]
+
+
 # --------------------------------------------------------------------------
 # PrefixCachingBlock
 
@@ -1183,6 +1201,21 @@ def test_append_rules() -> None:
     for token in (None, "x", 1.0):  # one token into a block with room: the short path
         expect_rejected(wide, err.WrongTypeError,
                         lambda token=token: room.append_token_ids([token]), blocks=[room])
+
+
+@pytest.mark.parametrize("token_ids", [{0: 5}, (5,)], ids=["mapping", "tuple"])
+def test_one_token_that_is_not_in_a_list(token_ids: object) -> None:
+    """A one-entry mapping indexes like a one-token list but is refused; a
+    one-token tuple is a token sequence like any other."""
+    a = make(2, 4)
+    block = a.allocate_mutable_block(None)
+    block.append_token_ids([1])
+    if isinstance(token_ids, dict):
+        expect_rejected(a, err.WrongTypeError, lambda: block.append_token_ids(token_ids),
+                        blocks=[block])
+    else:
+        block.append_token_ids(token_ids)  # type: ignore[arg-type]
+        assert block.token_ids == [1, 5]
 
 
 def test_detached_block_append_does_not_touch_the_allocator() -> None:
@@ -1490,41 +1523,3 @@ def test_free_of_a_hand_made_swapped_in_block_is_all_or_nothing() -> None:
         assert b.block_id is None
         assert evictor_entries(a) == [(0, H(True, None, [1, 2]), 2, -1)]
         assert snapshot(a)["refcounts"] == {0: 0, 1: 0, 2: 0}
-
-
-# --------------------------------------------------------------------------
-# survivors of the mutation campaign on e7033c1 (bench/MUTATION.md)
-
-
-def test_a_cache_hit_keeps_the_extra_hash_of_the_request() -> None:
-    a = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
-    first = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=7)
-    again = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=7)
-    assert [b.block_id for b in again] == [b.block_id for b in first]  # hits
-    assert [b.extra_hash for b in again] == [7, 7]
-    assert [b.content_hash for b in again] == [b.content_hash for b in first]
-
-
-def test_copy_on_write_of_a_block_of_another_allocator_on_a_sole_id_is_refused() -> None:
-    a = PrefixCachingBlockAllocator(num_blocks=3, block_size=2)
-    other = PrefixCachingBlockAllocator(num_blocks=3, block_size=2)
-    mine = a.allocate_mutable_block(None)
-    theirs = other.allocate_mutable_block(None)
-    assert theirs.block_id == mine.block_id  # the id holds one reference in ``a``
-    expect_rejected(a, err.ForeignBlockError, lambda: a.cow_block_if_not_appendable(theirs),
-                    blocks=[mine])
-
-
-@pytest.mark.parametrize("token_ids", [{0: 5}, (5,)], ids=["mapping", "tuple"])
-def test_one_token_that_is_not_in_a_list(token_ids: object) -> None:
-    """A one-entry mapping indexes like a one-token list but is refused; a
-    one-token tuple is a token sequence like any other."""
-    a = PrefixCachingBlockAllocator(num_blocks=2, block_size=4)
-    block = a.allocate_mutable_block(None)
-    block.append_token_ids([1])
-    if isinstance(token_ids, dict):
-        expect_rejected(a, err.WrongTypeError, lambda: block.append_token_ids(token_ids),
-                        blocks=[block])
-    else:
-        block.append_token_ids(token_ids)  # type: ignore[arg-type]
-        assert block.token_ids == [1, 5]
