@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_LAST_ACCESSED_TIME = -1
 _NO_TOKENS: List[int] = []  # read only: copied into each new mutable Block
+_LIST_TYPES = (list, tuple)
 
 #: The exact content of a block (``verify_content``): ``(parent, tokens,
 #: extra_hash)`` where ``parent`` is the previous block's record (None for a
@@ -170,6 +171,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self.evictor = make_evictor(eviction_policy)
         self.eviction_policy = eviction_policy
         self._block_size = block_size
+        self._int_types = [int] * block_size  # the token types of a full block
         self._block_pool = BlockPool(block_size, self._create_block, self, 4 * num_blocks)
         self._hashless_allocator = NaiveBlockAllocator(
             create_block=self._create_block,
@@ -271,10 +273,11 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                 raise UnhashableBlockError("the previous block has no content hash")
         hashes: List[int] = []
         size = self._block_size
+        int_types = self._int_types
         hash_fn = self._hash_fn
         for token_ids in block_token_ids:
-            check_token_ids(token_ids, size)
-            if len(token_ids) != size:
+            if not isinstance(token_ids, _LIST_TYPES) or [*map(type, token_ids)] != int_types:
+                check_token_ids(token_ids, size)
                 raise UnhashableBlockError(
                     f"an immutable block needs {size} tokens, got {len(token_ids)}")
             parent = hash_fn(parent, token_ids, extra_hash)

@@ -23,7 +23,7 @@ over, which costs one full examination per list.
 
 from __future__ import annotations
 
-from typing import AbstractSet, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 
 class _Entry:
@@ -38,8 +38,10 @@ class _Entry:
         self.snapshot: List[int] = source[:]
 
 
-#: hash -> the (entry, index) pairs of the remembered prefixes holding it there.
-_Holders = Dict[int, List[Tuple[_Entry, int]]]
+#: hash -> the remembered prefixes holding it, as a flat list ``[entry,
+#: index, entry, index, ...]`` (no tuple per pair: fewer objects for the
+#: garbage collector to count).
+_Holders = Dict[int, List[Any]]
 
 
 class PrefixMemo:
@@ -68,7 +70,10 @@ class PrefixMemo:
     def evicted(self, content_hash: int) -> None:
         """``content_hash`` left the cache: cut every remembered prefix that
         holds it before its first occurrence there."""
-        for entry, index in self._holders.pop(content_hash, ()):
+        held: Iterator[Any] = iter(self._holders.pop(content_hash, ()))
+        entry: _Entry
+        index: int
+        for entry, index in zip(held, held):
             if index < entry.length:
                 entry.length = index
 
@@ -132,8 +137,9 @@ def _scan(block_hashes: Sequence[int], start: int, cached: Mapping[int, int],
         if entry is not None:
             held = holders.get(content_hash)  # type: ignore[union-attr]
             if held is None:
-                holders[content_hash] = [(entry, end)]  # type: ignore[index]
+                holders[content_hash] = [entry, end]  # type: ignore[index]
             else:
-                held.append((entry, end))
+                held.append(entry)
+                held.append(end)
         end += 1
     return end
