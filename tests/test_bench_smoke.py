@@ -13,7 +13,16 @@ import pytest
 
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 from prefixcache.oracle import bench
-from prefixcache.oracle.benchdriver import CALL_NAMES, Machine, compile_workload, plan
+from prefixcache.oracle.benchdriver import (
+    CALL_NAMES,
+    FREE_DECODE,
+    MARK_COMPUTED,
+    Compiler,
+    Machine,
+    compile_workload,
+    fuse,
+    plan,
+)
 from prefixcache.oracle.targets import resolve_target
 from prefixcache.oracle.workload import OP_KINDS, WorkloadConfig
 
@@ -52,6 +61,56 @@ def test_the_program_replays_with_the_planned_answers() -> None:
     machine.run(program.instructions)
     assert machine.answers == program.expected
     assert len(machine.fingerprint()) == 64
+
+
+def test_fusing_keeps_the_calls_and_run_timed_makes_the_same_ones() -> None:
+    """The fused program makes the unfused one's calls (same count, same ids,
+    same answers) in fewer instructions, and run_timed makes the same calls
+    as run."""
+    workload = plan(TINY).workload
+    compiler = Compiler(TINY.block_size)
+    for op in workload.ops:
+        compiler.compile(op)
+    unfused = compiler.program.instructions
+    program = compile_workload(workload)
+    fused_ops = {instruction[0] for instruction in program.instructions}
+    assert FREE_DECODE in fused_ops and len(program.instructions) < len(unfused)
+    assert any(op == MARK_COMPUTED and x > 1 for op, _, x, _ in program.instructions)
+    assert fuse(unfused) == program.instructions
+    calls_made = []
+    fingerprints = []
+    for instructions, timed in ((unfused, False), (program.instructions, False),
+                                (program.instructions, True)):
+        counted = _CountingAllocator(num_blocks=TINY.num_blocks, block_size=TINY.block_size)
+        machine = Machine(counted, program.num_seqs)
+        if timed:
+            machine.run_timed(instructions)
+        else:
+            machine.run(instructions)
+        assert machine.answers == program.expected
+        calls_made.append(counted.calls)
+        fingerprints.append(machine.fingerprint())
+    assert calls_made[0] == calls_made[1] == calls_made[2]
+    assert fingerprints[0] == fingerprints[1] == fingerprints[2]
+
+
+class _CountingAllocator(PrefixCachingBlockAllocator):
+    """Records the name of every public call the driver makes."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls: list = []
+
+    def __getattribute__(self, name: str) -> Any:
+        value = super().__getattribute__(name)
+        if name in CALL_NAMES and callable(value):
+            calls = super().__getattribute__("calls")
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                calls.append(name)
+                return value(*args, **kwargs)
+            return counted
+        return value
 
 
 def test_two_correct_allocators_hand_out_the_same_ids() -> None:
