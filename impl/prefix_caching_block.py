@@ -248,7 +248,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self, prev_block: Optional[Block], extra_hash: Optional[int], device: Optional[Device]
     ) -> None:
         check_no_device(device)
-        if prev_block is not None and not isinstance(prev_block, PrefixCachingBlock):
+        if not isinstance(prev_block, _BLOCK_OR_NONE):
             raise WrongTypeError(f"prev_block must be a PrefixCachingBlock or None, "
                                  f"got {type(prev_block).__name__}")
         check_extra_hash(extra_hash)
@@ -1062,7 +1062,7 @@ class PrefixCachingBlock(Block):
     ) -> None:
         if not isinstance(allocator, PrefixCachingBlockAllocator):
             raise WrongTypeError("a PrefixCachingBlock needs a PrefixCachingBlockAllocator")
-        if prev_block is not None and not isinstance(prev_block, PrefixCachingBlock):
+        if not isinstance(prev_block, _BLOCK_OR_NONE):
             raise WrongTypeError("prev_block must be a PrefixCachingBlock or None")
         check_token_ids(token_ids, block_size)
         self._prev_block = prev_block
@@ -1227,7 +1227,7 @@ _BLOCK_OR_NONE = (PrefixCachingBlock, type(None))
 
 def assert_prefix_caching_block_or_none(block: Optional[Block]) -> None:
     """Raise WrongTypeError unless ``block`` is a PrefixCachingBlock or None."""
-    if block is not None and not isinstance(block, PrefixCachingBlock):
+    if not isinstance(block, _BLOCK_OR_NONE):
         raise WrongTypeError(f"got block = {block}")
 
 
