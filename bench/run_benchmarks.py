@@ -10,6 +10,8 @@ the same code as ``prefixcache bench``):
 1b. the same replay's instruction counts under valgrind
    (bench/count_instructions.py), when valgrind is installed: a figure
    that does not move with the machine's load;
+1c. the driver's own share of the replay (bench/driver_cost.py): the same
+   program on a stand-in target that only returns recorded answers;
 2. the checked allocator (prefixcache.spec.checked) against the plain one
    with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected;
 3. the same with contracts on, on a small workload (a contract check reads
@@ -193,15 +195,18 @@ def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
                                key=lambda n: -pool["calls_by_name"].get(n, 0))
         if latency_names:
             header = "| call | count | " + " | ".join(
-                f"{name} p50 | {name} p99" for name in names[:len(pool["results"])]) + " |"
-            lines += ["", "Latency per call, ns (timer overhead removed):", "", header,
-                      "|---|---:|" + "---:|" * (2 * len(pool["results"]))]
+                f"{name} p50 | {name} p99 | {name} ms"
+                for name in names[:len(pool["results"])]) + " |"
+            lines += ["", "Latency per call, ns, and time in all calls of a kind, ms (each "
+                          "call capped at the p99; timer overhead removed):", "", header,
+                      "|---|---:|" + "---:|" * (3 * len(pool["results"]))]
             for call in latency_names:
                 cells = [call, f"{pool['calls_by_name'].get(call, 0):,}"]
                 for result in pool["results"]:
                     kind = result["latency"].get(call)
-                    cells += ([f"{kind['p50_ns']:,}", f"{kind['p99_ns']:,}"]
-                              if kind else ["-", "-"])
+                    cells += ([f"{kind['p50_ns']:,}", f"{kind['p99_ns']:,}",
+                               f"{kind.get('total_ms', 0.0):.1f}"]
+                              if kind else ["-", "-", "-"])
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return lines
@@ -257,6 +262,30 @@ def _instructions_section(counted: Optional[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
+def _driver_section(driver: Optional[Dict[str, Any]]) -> List[str]:
+    if driver is None:
+        return []
+    lines = [
+        "## The driver's own share", "",
+        f"The roomy replay ({driver['calls']:,} allocator calls in "
+        f"{driver['instructions']:,} instructions) on a stand-in target whose every call "
+        "returns the answer prefixcache.impl gave, recorded beforehand, and does nothing "
+        f"else; best CPU time of {driver['repeats']} repeats, the targets alternating.  The "
+        "stand-in's time is the driver's bookkeeping plus the cost of making the calls: no "
+        "target can go below it.", "",
+        "```", "python bench/driver_cost.py", "```", "",
+        "| target | ms | stand-in's share | ms above the stand-in |", "|---|---:|---:|---:|",
+    ]
+    for row in driver["rows"]:
+        lines.append(f"| {row['target']} | {row['ms']:,.1f} | {row['stand_in_share']:.0%} | "
+                     f"{row['ms_above_stand_in']:,.1f} |")
+    if len(driver["rows"]) == 3:
+        above = driver["rows"][2]["ms_above_stand_in"] / driver["rows"][1]["ms_above_stand_in"]
+        lines += ["", f"Above the stand-in, vLLM 0.8.5 takes **{above:.2f}x** the time of "
+                      "prefixcache.impl."]
+    return lines + [""]
+
+
 def _verify_section(verify: Optional[Dict[str, Any]]) -> List[str]:
     if verify is None:
         return []
@@ -277,7 +306,8 @@ def _verify_section(verify: Optional[Dict[str, Any]]) -> List[str]:
 def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dict[str, Any]],
            quick: bool, counted: Optional[Dict[str, Any]] = None,
            verify: Optional[Dict[str, Any]] = None,
-           construction: Optional[List[Dict[str, Any]]] = None) -> str:
+           construction: Optional[List[Dict[str, Any]]] = None,
+           driver: Optional[Dict[str, Any]] = None) -> str:
     """The text of RESULTS.md."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -311,6 +341,7 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
     lines += _pool_section(main, ["prefixcache.impl", "vLLM 0.8.5"])
     lines += ["## Instructions (independent of the machine's load)", ""]
     lines += _instructions_section(counted)
+    lines += _driver_section(driver)
     if main.get("scaling"):
         lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
                   "```", main["shown_command"], "```", ""]
@@ -364,7 +395,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          load("contracts_on.json"), args.quick,
                                          load("instructions.json"), load("verify_content.json"),
                                          construction_kept["rows"] if construction_kept
-                                         else None) + "\n")
+                                         else None, load("driver.json")) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -383,6 +414,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                                    *small, "--json", str(counted_path)], cwd=ROOT)
             if proc.returncode == 0 and counted_path.is_file():
                 counted = json.loads(counted_path.read_text())
+        driver_path = out_dir / "driver.json"
+        small = ["--repeats", "1"] if args.quick else []
+        print("$ python bench/driver_cost.py " + " ".join(small), flush=True)
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "driver_cost.py"), *small,
+                               "--json", str(driver_path)], cwd=ROOT)
+        driver = (json.loads(driver_path.read_text())
+                  if proc.returncode == 0 and driver_path.is_file() else None)
         off = on = None
         if _checked_available():
             off = _bench(["--target", CHECKED, "--against", PLAIN, "--tight-blocks", "0",
@@ -399,7 +437,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         construction = _construction(sizes)
         (out_dir / "construction.json").write_text(json.dumps({"rows": construction}) + "\n")
     Path(args.out).write_text(render(main_run, off, on, args.quick, counted, verify,
-                                     construction) + "\n")
+                                     construction, driver) + "\n")
     print(f"wrote {args.out}")
     failed = any(doc is not None and doc["exit_code"] != 0
                  for doc in (main_run, off, on, verify))

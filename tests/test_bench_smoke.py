@@ -5,9 +5,10 @@ tests: nothing here looks at a timing."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, List
 
 import pytest
 
@@ -23,7 +24,7 @@ from prefixcache.oracle.benchdriver import (
     fuse,
     plan,
 )
-from prefixcache.oracle.targets import resolve_target
+from prefixcache.oracle.targets import Target, resolve_target
 from prefixcache.oracle.workload import OP_KINDS, WorkloadConfig
 
 TINY = WorkloadConfig(num_blocks=48, block_size=4, max_running=4, num_requests=16,
@@ -99,7 +100,7 @@ class _CountingAllocator(PrefixCachingBlockAllocator):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.calls: list = []
+        self.calls: List[str] = []
 
     def __getattribute__(self, name: str) -> Any:
         value = super().__getattribute__(name)
@@ -157,3 +158,29 @@ def test_a_bad_target_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     bench.add_arguments(parser)
     args = parser.parse_args(["--target", "no.such.module:Allocator"])
     assert bench.run(args) == 2
+
+
+def _driver_cost_script() -> Any:
+    path = Path(__file__).resolve().parent.parent / "bench" / "driver_cost.py"
+    spec = importlib.util.spec_from_file_location("prefixcache_bench_driver_cost", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_driver_cost_stand_in_replays_the_recorded_answers() -> None:
+    """bench/driver_cost.py records one answer per allocator call (the
+    Block's appends are not the allocator's) and its stand-in replays the
+    whole program on them, twice in a row (each stand-in has its own copies)."""
+    script = _driver_cost_script()
+    program_plan = plan(TINY)
+    program = program_plan.program
+    answers = script.record_answers(program_plan, TINY.num_blocks)
+    assert len(answers) == program.calls - program.calls_by_name["append_token_ids"]
+    stand_in = Target(name="stand-in", kind="prefix",
+                            build=lambda num_blocks, block_size: script.StandIn(answers))
+    results = bench.measure([stand_in, resolve_target(None)], program_plan, "tiny",
+                            TINY.num_blocks, repeats=2, latency=False)
+    assert [r.error for r in results] == [None, None]
+    assert results[0].answers_match and results[1].answers_match
