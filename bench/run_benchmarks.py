@@ -189,8 +189,11 @@ def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
             same = "identical" if pool["fingerprints_identical"] else "**different**"
             inside_ratio = pool.get("in_call_ratio")
             inside_text = f", **{inside_ratio:.3g}x** in-call" if inside_ratio else ""
+            paired = pool.get("paired_ratio")
+            paired_text = (f" (median of the rounds' ratios: **{paired:.3g}x**)"
+                           if paired is not None else "")
             lines += ["", f"Ratio {names[0]} / {names[1]}: **{pool['ratio']:.3g}x** calls/s"
-                          f"{inside_text}; id fingerprints {same}."]
+                          f"{paired_text}{inside_text}; id fingerprints {same}."]
         latency_names = sorted({n for r in pool["results"] for n in r["latency"]},
                                key=lambda n: -pool["calls_by_name"].get(n, 0))
         if latency_names:
@@ -321,7 +324,10 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         "How to read them: calls/s is the number of allocator calls of the replay divided by "
         f"the best {'CPU' if main.get('clock') == 'cpu' else 'wall'} time of the repeats "
         "(each repeat a fresh allocator; the driver's own bookkeeping between calls is "
-        "included, the same for every target).  In-call calls/s divides the calls by the time "
+        "included, the same for every target).  The repeats run in rounds, each target once "
+        "a round; beside the ratio of the two bests stands the median of the rounds' "
+        "ratios, which a drift of the machine's speed between rounds does not move.  In-call "
+        "calls/s divides the calls by the time "
         "spent inside them: the sum of the latency replay's per-call wall times, each kind's "
         "capped at its p99.  The latencies are wall time per call, so on a busy machine their "
         "p99 includes moments the process was descheduled.  The id "
@@ -403,7 +409,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
         out_dir.mkdir(parents=True, exist_ok=True)
-        main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "5", "--clock", "cpu",
+        main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "7", "--clock", "cpu",
                            *quick], out_dir / "impl_vs_vllm.json", {})
         counted = None
         if shutil.which("valgrind") is not None:

@@ -106,6 +106,7 @@ class PoolReport:
     calls_by_name: Dict[str, int]
     results: List[RunResult]
     ratio: Optional[float] = None
+    paired_ratio: Optional[float] = None
     in_call_ratio: Optional[float] = None
     fingerprints_identical: Optional[bool] = None
     clock: str = "wall"
@@ -202,6 +203,18 @@ def _replay_once(target: Target, program_plan: Plan, num_blocks: int,
     finally:
         gc.unfreeze()
     return elapsed, machine
+
+
+def paired_ratio(first: Sequence[float], second: Sequence[float]) -> Optional[float]:
+    """The median over the rounds of ``second[i] / first[i]``: the two
+    targets' times of one round were taken minutes apart at most, so a drift
+    of the machine's speed cancels out of each ratio, which it does not from
+    the ratio of the two bests.  None without a complete round."""
+    ratios = sorted(b / a for a, b in zip(first, second) if a > 0)
+    if not ratios:
+        return None
+    middle = len(ratios) // 2
+    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
 
 
 def fill_cache(allocator: Any, count: int, block_size: int, chain: int = 64) -> None:
@@ -373,7 +386,9 @@ def print_pool(console: Any, report: PoolReport) -> None:
         same = "identical" if report.fingerprints_identical else "[red]DIFFERENT[/red]"
         inside = (f", [bold]{report.in_call_ratio:.2f}x[/bold] in-call"
                   if report.in_call_ratio else "")
-        console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s{inside}; "
+        paired = (f" (median of the rounds' ratios: {report.paired_ratio:.2f}x)"
+                  if report.paired_ratio is not None else "")
+        console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s{paired}{inside}; "
                       f"id fingerprints {same}")
     for result in report.results:
         if result.error is not None:
@@ -519,6 +534,8 @@ def run(args: argparse.Namespace) -> int:
                 clock=args.clock)
             if len(results) == 2 and results[0].calls_per_s and results[1].calls_per_s:
                 report.ratio = results[0].calls_per_s / results[1].calls_per_s
+                report.paired_ratio = paired_ratio(results[0].seconds_all,
+                                                   results[1].seconds_all)
                 report.fingerprints_identical = results[0].fingerprint == results[1].fingerprint
                 if results[0].in_call_seconds and results[1].in_call_seconds:
                     report.in_call_ratio = (results[1].in_call_seconds

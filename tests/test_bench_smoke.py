@@ -184,3 +184,9 @@ def test_the_driver_cost_stand_in_replays_the_recorded_answers() -> None:
                             TINY.num_blocks, repeats=2, latency=False)
     assert [r.error for r in results] == [None, None]
     assert results[0].answers_match and results[1].answers_match
+
+
+def test_the_paired_ratio_is_the_median_of_the_rounds_ratios() -> None:
+    assert bench.paired_ratio([1.0, 2.0, 1.0], [3.0, 4.0, 2.5]) == 2.5
+    assert bench.paired_ratio([1.0, 1.0], [2.0, 3.0]) == 2.5
+    assert bench.paired_ratio([], []) is None
