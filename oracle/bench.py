@@ -309,33 +309,38 @@ def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: 
     sizes = sorted(sizes)
     small = WorkloadConfig(**{**asdict(config), "num_blocks": sizes[0]})
     program_plan = plan(small)
+    best: Dict[int, int] = {}
+    fingerprints: Dict[int, str] = {}
+    errors: Dict[int, str] = {}
+    for _ in range(max(1, repeats)):  # rounds over the sizes: a drift in speed hits them all
+        for size in sizes:
+            if size in errors:
+                continue
+            if progress is not None:
+                progress(f"scaling: {size:,} blocks")
+            try:
+                elapsed, machine = _replay_once(target, program_plan, size, int(size * fill),
+                                                clock)
+            except ReplayError as exc:
+                errors[size] = str(exc)
+                continue
+            fingerprints[size] = machine.fingerprint()
+            del machine
+            best[size] = min(best.get(size, elapsed), elapsed)
+            gc.collect()
     rows: List[ScalingRow] = []
     base: Optional[float] = None
     for size in sizes:
         prefilled = int(size * fill)
-        best: Optional[int] = None
-        fingerprint = ""
-        error = None
-        for _ in range(max(1, repeats)):
-            if progress is not None:
-                progress(f"scaling: {size:,} blocks")
-            try:
-                elapsed, machine = _replay_once(target, program_plan, size, prefilled, clock)
-            except ReplayError as exc:
-                error = str(exc)
-                break
-            fingerprint = machine.fingerprint()
-            del machine
-            best = elapsed if best is None else min(best, elapsed)
-            gc.collect()
-        if best is None:
-            rows.append(ScalingRow(size, prefilled, 0.0, 0.0, 0.0, "", error))
+        if size not in best:
+            rows.append(ScalingRow(size, prefilled, 0.0, 0.0, 0.0, "", errors.get(size)))
             continue
-        ns_per_call = best / program_plan.program.calls
+        ns_per_call = best[size] / program_plan.program.calls
         if base is None:
             base = ns_per_call
-        rows.append(ScalingRow(size, prefilled, program_plan.program.calls * 1e9 / best,
-                               ns_per_call, ns_per_call / base, fingerprint, error))
+        rows.append(ScalingRow(size, prefilled, program_plan.program.calls * 1e9 / best[size],
+                               ns_per_call, ns_per_call / base, fingerprints[size],
+                               errors.get(size)))
     return rows
 
 
