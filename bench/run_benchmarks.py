@@ -236,8 +236,11 @@ def _scaling_section(document: Dict[str, Any]) -> List[str]:
         lines.append(f"| {row['num_blocks']:,} | {row['prefilled']:,} | "
                      f"{row['calls_per_s']:,.0f} | {row['ns_per_call']:,.0f} | "
                      f"{row['relative']:.2f} |")
-    worst = max((row["relative"] for row in rows if not row.get("error")), default=0.0)
-    lines += ["", f"Largest per-call cost relative to the smallest pool: **{worst:.2f}x**.", ""]
+    costs = [row["relative"] for row in rows if not row.get("error")]
+    worst = max(costs, default=0.0)
+    spread = worst / min(costs) if costs and min(costs) > 0 else 0.0
+    lines += ["", f"Largest per-call cost relative to the smallest pool: **{worst:.2f}x**; "
+                  f"the dearest pool size over the cheapest: **{spread:.2f}x**.", ""]
     return lines
 
 

@@ -312,8 +312,12 @@ def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: 
     best: Dict[int, int] = {}
     fingerprints: Dict[int, str] = {}
     errors: Dict[int, str] = {}
-    for _ in range(max(1, repeats)):  # rounds over the sizes: a drift in speed hits them all
-        for size in sizes:
+    for round_number in range(max(1, repeats)):
+        # rounds over the sizes, so that a drift in speed hits them all, in a
+        # serpentine order: every other round the smallest pool's replay does
+        # not follow the largest one's teardown (whose freed memory costs the
+        # next replay page faults)
+        for size in sizes if round_number % 2 == 0 else sizes[::-1]:
             if size in errors:
                 continue
             if progress is not None:
