@@ -207,7 +207,7 @@ def _replay_once(target: Target, program_plan: Plan, num_blocks: int,
 
 def paired_ratio(first: Sequence[float], second: Sequence[float]) -> Optional[float]:
     """The median over the rounds of ``second[i] / first[i]``: the two
-    targets' times of one round were taken minutes apart at most, so a drift
+    targets' times of one round were taken seconds apart, so a drift
     of the machine's speed cancels out of each ratio, which it does not from
     the ratio of the two bests.  None without a complete round."""
     ratios = sorted(b / a for a, b in zip(first, second) if a > 0)
