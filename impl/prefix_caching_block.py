@@ -59,7 +59,6 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_LAST_ACCESSED_TIME = -1
 _NO_TOKENS: List[int] = []  # read only: copied into each new mutable Block
-_LIST_TYPES = (list, tuple)
 
 #: The exact content of a block (``verify_content``): ``(parent, tokens,
 #: extra_hash)`` where ``parent`` is the previous block's record (None for a
@@ -276,7 +275,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         int_types = self._int_types
         hash_fn = self._hash_fn
         for token_ids in block_token_ids:
-            if not isinstance(token_ids, _LIST_TYPES) or [*map(type, token_ids)] != int_types:
+            if not isinstance(token_ids, (list, tuple)) or [*map(type, token_ids)] != int_types:
                 check_token_ids(token_ids, size)
                 raise UnhashableBlockError(
                     f"an immutable block needs {size} tokens, got {len(token_ids)}")
@@ -1221,7 +1220,7 @@ class PrefixCachingBlock(Block):
         return self._extra_hash
 
 
-#: What ``prev_block`` may be (allocate_mutable_block's test of its usual case).
+#: What ``prev_block`` may be: the one spelling of that test in this module.
 _BLOCK_OR_NONE = (PrefixCachingBlock, type(None))
 
 
