@@ -418,12 +418,14 @@ class Machine:
         nothing: List[int] = []
         for position, (op, seq, x, y) in enumerate(instructions):
             try:
+                if op == FREE_DECODE or op == FREE_COUNT:
+                    t = clock()
+                    count = alloc.get_num_free_blocks()
+                    samples["get_num_free_blocks"].append(clock() - t)
+                    self.answers.append(count)
+                    if op == FREE_COUNT:
+                        continue
                 if op == FREE_DECODE or op == DECODE:
-                    if op == FREE_DECODE:
-                        t = clock()
-                        count = alloc.get_num_free_blocks()
-                        samples["get_num_free_blocks"].append(clock() - t)
-                        self.answers.append(count)
                     block = blocks[seq][-1]
                     t = clock()
                     block.append_token_ids(x)
@@ -445,11 +447,6 @@ class Machine:
                     t = clock()
                     alloc.get_common_computed_block_ids(arg)
                     samples["get_common_computed_block_ids"].append(clock() - t)
-                elif op == FREE_COUNT:
-                    t = clock()
-                    count = alloc.get_num_free_blocks()
-                    samples["get_num_free_blocks"].append(clock() - t)
-                    self.answers.append(count)
                 elif op == MARK_COMPUTED:
                     for _ in range(x):
                         t = clock()
