@@ -20,7 +20,8 @@ the capacity it needs before it changes anything.
 from __future__ import annotations
 
 import logging
-from operator import ne
+from itertools import repeat
+from operator import indexOf, ne
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .common import (
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_LAST_ACCESSED_TIME = -1
 _NO_TOKENS: List[int] = []  # read only: copied into each new mutable Block
+_INT = frozenset({int})  # the types of a list whose items are all ints
 
 #: The exact content of a block (``verify_content``): ``(parent, tokens,
 #: extra_hash)`` where ``parent`` is the previous block's record (None for a
@@ -283,25 +285,17 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             hashes.append(parent)
         return hashes
 
-    def _demand(self, hashes: Iterable[Optional[int]]) -> int:
+    def _demand(self, hashes: Sequence[Optional[int]]) -> int:
         """How many free-or-evictable ids a run of allocations takes, one per
         hash in order (None: a mutable block).  Each takes one, except a hash
         whose cached id is in use now or that an earlier one in the run
         cached; the count is exact, so checking it makes the run atomic."""
-        cached = self._cached_blocks
-        refcounts = self._refcounts
-        seen: Set[int] = set()
-        needed = 0
-        for content_hash in hashes:
-            if content_hash is None:
-                needed += 1
-                continue
-            cached_id = cached.get(content_hash)
-            if content_hash in seen or (cached_id is not None and refcounts[cached_id] > 0):
-                continue
-            seen.add(content_hash)
-            needed += 1
-        return needed
+        distinct: Set[Any] = set(hashes)
+        distinct.discard(None)
+        cached_ids: Iterable[Any] = map(self._cached_blocks.get, distinct)
+        # a distinct hash takes an id unless its cached id holds a reference
+        refcounts = [*map(self._refcounts.get, cached_ids, repeat(0))]
+        return hashes.count(None) + refcounts.count(0)
 
     # -- verify_content: content records ------------------------------------------
 
@@ -809,17 +803,16 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         (with ``verify_content``: not for this very content), or cached on
         an evictable id.  Repeats count each time."""
         check_blocks(blocks)
-        cached = self._cached_blocks
-        evictor = self.evictor
-        touched = 0
-        for block in blocks:
-            if block.is_full:
-                content_hash = block.content_hash
-                cached_id = None if content_hash is None else cached.get(content_hash)
-                if cached_id is None or cached_id in evictor or (
-                        self._verify_content and not same_content(self._contents[cached_id],
-                                                                  self._content_of(block))):
-                    touched += 1
+        full = [block for block in blocks if block.is_full]
+        hashes: List[Any] = [block.content_hash for block in full]  # None: cached nowhere
+        cached_ids = [*map(self._cached_blocks.get, hashes)]
+        evictable = self.evictor.free_table
+        touched = cached_ids.count(None) + sum(map(evictable.__contains__, cached_ids))
+        if self._verify_content:  # a cached id in use holding other content is touched too
+            contents = self._contents
+            touched += sum(1 for block, cached_id in zip(full, cached_ids)
+                           if cached_id is not None and cached_id not in evictable
+                           and not same_content(contents[cached_id], self._content_of(block)))
         return touched
 
     def get_prefix_cache_hit_rate(self) -> float:
@@ -887,6 +880,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             raise WrongTypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
         refcounts = self._refcounts
         trackers = self._block_tracker
+        if {*map(type, block_ids)} <= _INT and 0 not in map(refcounts.get, block_ids, repeat(0)):
+            # the common case, checked at C speed: every id is in use (refcount
+            # above 0), so its tracker is active
+            for block_id in block_ids:
+                trackers[block_id].last_accessed = now
+            return
         evictable = self.evictor.free_table
         for block_id in block_ids:
             if type(block_id) is not int or block_id not in refcounts:
@@ -929,12 +928,15 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         lists = [ids for ids in computed_seq_block_ids if ids]
         if not lists:
             return []
+        # The common prefix of all is that of the least and the greatest.
         low, high = min(lists), max(lists)
-        if high[:len(low)] == low:  # each a prefix of the next (or all alike)
-            return list(low)
-        differs = list(map(ne, low, high))  # up to the shorter one's end
-        length = differs.index(True) if True in differs else len(differs)
-        return list(low[:length])
+        length = len(low)
+        if high[:length] != low:  # they differ before low's end
+            length -= 1  # most often at its last id (forks part at their tails)
+            if high[:length] != low[:length]:
+                length = indexOf(map(ne, low, high), True)
+        common = low[:length]
+        return common if type(common) is list else list(common)
 
     # -- swapping ---------------------------------------------------------------------------
 
@@ -952,7 +954,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """How many free-or-evictable ids ``swap_in(blocks)`` takes."""
         if self._verify_content:
             return self._verified_demand(*self._swap_in_plan(blocks))
-        return self._demand(block.content_hash for block in blocks)
+        return self._demand([block.content_hash for block in blocks])
 
     def swap_in(self, blocks: List[Block]) -> None:
         """Give each detached block an id, in order: a full hashable block as
