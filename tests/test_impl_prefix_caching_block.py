@@ -863,6 +863,31 @@ def test_get_common_computed_block_ids() -> None:
     assert a.get_common_computed_block_ids([]) == []
     result = a.get_common_computed_block_ids([[1, 2], [1, 2]])
     assert isinstance(result, list) and result == [1, 2]
+    assert a.get_common_computed_block_ids([[1, 2, 3, 4], [1, 9, 3, 5]]) == [1]  # parting early
+    assert a.get_common_computed_block_ids([[7, 8, 9], [7, 1, 9], [7, 8, 2]]) == [7]
+
+
+def _common_prefix(lists: List[List[int]]) -> List[int]:
+    """The reference: the longest list every non-empty one starts with."""
+    lists = [list(ids) for ids in lists if ids]
+    if not lists:
+        return []
+    length = 0
+    while all(len(ids) > length and ids[length] == lists[0][length] for ids in lists):
+        length += 1
+    return lists[0][:length]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=6), min_size=2, max_size=4),
+       st.booleans())
+def test_get_common_computed_block_ids_is_the_common_prefix(lists: List[List[int]],
+                                                            as_tuples: bool) -> None:
+    """Of two or more lists (or tuples): a new list, their common prefix."""
+    a = make(2, 2)
+    given_lists = [tuple(ids) for ids in lists] if as_tuples else lists
+    result = a.get_common_computed_block_ids(given_lists)
+    assert type(result) is list and result == _common_prefix(lists)
 
 
 # --------------------------------------------------------------------------
