@@ -383,9 +383,11 @@ def check_blocks(blocks: object) -> None:
     """Reject anything but a list (or tuple) of Blocks."""
     if not isinstance(blocks, (list, tuple)):
         raise WrongTypeError(f"expected a list of Blocks, got {type(blocks).__name__}")
-    for kind in {*map(type, blocks)}:  # (an isinstance per block would cost an ABC check each)
-        if not issubclass(kind, Block):
-            raise WrongTypeError(f"expected a Block, got {kind.__name__}")
+    if all(issubclass(kind, Block) for kind in {*map(type, blocks)}):
+        return  # each type checked once: an isinstance per block costs an ABC check each
+    for block in blocks:
+        if not isinstance(block, Block):
+            raise WrongTypeError(f"expected a Block, got {type(block).__name__}")
 
 
 def check_list_of_lists(values: object, what: str) -> None:

@@ -20,6 +20,7 @@ from prefixcache.impl.common import (
     ReadOnlyRefCounter,
     RefCounter,
     check_block_ids,
+    check_blocks,
     check_extra_hash,
     check_sizes,
     check_token_ids,
@@ -418,6 +419,19 @@ def test_check_token_ids() -> None:
     for bad_container in ("12", {1, 2}, 12, None):
         with pytest.raises(err.WrongTypeError):
             check_token_ids(bad_container, 4)
+
+
+def test_check_blocks_is_isinstance_of_block() -> None:
+    allocator = NaiveBlockAllocator(create_block=NaiveBlock, num_blocks=2, block_size=2)
+    block = allocator.allocate_mutable_block(None)
+    posing = MagicMock(spec=Block)  # not a subclass, but isinstance(posing, Block) holds
+    check_blocks([block, posing, block])
+    check_blocks(())
+    for bad, named in (([block, 3, "x"], "int"), ((posing, None), "NoneType")):
+        with pytest.raises(err.WrongTypeError, match=f"got {named}$"):  # the first one
+            check_blocks(bad)
+    with pytest.raises(err.WrongTypeError):
+        check_blocks(block)
 
 
 def test_check_extra_hash() -> None:
