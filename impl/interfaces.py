@@ -22,6 +22,10 @@ class Device(enum.Enum):
     GPU = enum.auto()
     CPU = enum.auto()
 
+    # Members are equal only to themselves, so identity is their hash: a dict
+    # keyed by Device then finds them without Enum's hash of the member's name.
+    __hash__ = object.__hash__
+
 
 class Block(ABC):
     """One block of ``block_size`` token slots, bound to a physical id.

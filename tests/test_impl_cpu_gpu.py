@@ -129,6 +129,31 @@ def test_free_and_fork_route_by_block_id(kind: str) -> None:
     assert a.get_num_free_blocks(GPU) == 3
 
 
+class _SubclassedBlock(PrefixCachingBlock):
+    """A Block of a class the pair has no fast type test for."""
+
+    __slots__ = ()
+
+
+class _SubclassingAllocator(PrefixCachingBlockAllocator):
+    def _create_block(self, prev_block: Any, token_ids: List[int], block_size: int,
+                      allocator: Any, block_id: Any = None, extra_hash: Any = None) -> Block:
+        return _SubclassedBlock(prev_block, token_ids, block_size, allocator,
+                                block_id=block_id, extra_hash=extra_hash)
+
+
+def test_free_and_fork_take_a_block_of_any_block_class() -> None:
+    gpu = _SubclassingAllocator(num_blocks=2, block_size=2, block_ids=range(2))
+    cpu = PrefixCachingBlockAllocator(num_blocks=2, block_size=2, block_ids=range(2, 4))
+    a = CpuGpuBlockAllocator(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
+    block = a.allocate_mutable_block(None, GPU)
+    assert type(block) is _SubclassedBlock
+    (forked,) = a.fork(block)
+    a.free(forked)
+    a.free(block)
+    assert a.get_num_free_blocks(GPU) == 2
+
+
 def test_free_and_fork_errors() -> None:
     a = make()
     g = a.allocate_mutable_block(None, GPU)
