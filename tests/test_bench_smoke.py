@@ -179,7 +179,7 @@ def test_the_driver_cost_stand_in_replays_the_recorded_answers() -> None:
     answers = script.record_answers(program_plan, TINY.num_blocks)
     assert len(answers) == program.calls - program.calls_by_name["append_token_ids"]
     stand_in = Target(name="stand-in", kind="prefix",
-                            build=lambda num_blocks, block_size: script.StandIn(answers))
+                      build=lambda num_blocks, block_size: script.StandIn(answers))
     results = bench.measure([stand_in, resolve_target(None)], program_plan, "tiny",
                             TINY.num_blocks, repeats=2, latency=False)
     assert [r.error for r in results] == [None, None]
