@@ -285,6 +285,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             hashes.append(parent)
         return hashes
 
+    def _check_demand(self, hashes: Sequence[Optional[int]]) -> None:
+        """NoFreeBlocksError unless the free and evictable ids suffice for a
+        run of allocations (see ``_demand``).  A run takes at most one id per
+        hash, so the exact count is needed only when there are fewer ids."""
+        if len(hashes) > len(self._free_ids) + len(self.evictor.free_table):
+            self._check_capacity(self._demand(hashes))
+
     def _demand(self, hashes: Sequence[Optional[int]]) -> int:
         """How many free-or-evictable ids a run of allocations takes, one per
         hash in order (None: a mutable block).  Each takes one, except a hash
@@ -593,7 +600,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if self._verify_content:
             return self._allocate_verified(prev_block, [token_ids], extra_hash,
                                            [content_hash])[0]
-        self._check_capacity(self._demand((content_hash,)))
+        self._check_demand((content_hash,))
         return self._allocate_full(prev_block, token_ids, extra_hash, content_hash)
 
     def allocate_immutable_blocks(
@@ -611,7 +618,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         hashes = self._full_block_hashes(prev_block, block_token_ids, extra_hash)
         if self._verify_content:
             return self._allocate_verified(prev_block, block_token_ids, extra_hash, hashes)
-        self._check_capacity(self._demand(hashes))
+        self._check_demand(hashes)
         # _allocate_full for each block, with _acquire_cached inline
         cached = self._cached_blocks
         refcounts = self._refcounts
