@@ -24,9 +24,12 @@ the same code as ``prefixcache bench``):
 Usage::
 
     python bench/run_benchmarks.py [--quick] [--out bench/RESULTS.md] [--keep-json DIR]
+    python bench/run_benchmarks.py --render-only DIR [--out bench/RESULTS.md]
 
 ``--quick`` shrinks every workload (a smoke of this script, not figures to
-record).  Exit code: 0, or 1 when a run failed.
+record).  ``--render-only DIR`` runs nothing and writes the results file from
+the JSON a ``--keep-json DIR`` run kept, dated by that run.  Exit code: 0, or 1
+when a run failed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
+
+from prefixcache.oracle.bench import round_ratios, spread_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
@@ -190,12 +195,13 @@ def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
             inside_ratio = pool.get("in_call_ratio")
             inside_text = f", **{inside_ratio:.3g}x** in-call" if inside_ratio else ""
             paired = pool.get("paired_ratio")
-            paired_text = (f" (median of the rounds' ratios: **{paired:.3g}x**)"
-                           if paired is not None else "")
+            rounds = round_ratios(*(result["seconds_all"] for result in pool["results"]))
+            paired_text = (f" (median of the rounds' ratios: **{paired:.3g}x**"
+                           f"{spread_text(rounds)})" if paired is not None else "")
             lines += ["", f"Ratio {names[0]} / {names[1]}: **{pool['ratio']:.3g}x** calls/s"
                           f"{paired_text}{inside_text}; id fingerprints {same}."]
         latency_names = sorted({n for r in pool["results"] for n in r["latency"]},
-                               key=lambda n: -pool["calls_by_name"].get(n, 0))
+                               key=lambda n: (-pool["calls_by_name"].get(n, 0), n))
         if latency_names:
             header = "| call | count | " + " | ".join(
                 f"{name} p50 | {name} p99 | {name} ms"
@@ -309,13 +315,21 @@ def _verify_section(verify: Optional[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def _written_at(kept: Path) -> datetime.datetime:
+    """When a kept run wrote its last file: the time of its results."""
+    newest = max(path.stat().st_mtime for path in kept.iterdir())
+    return datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)
+
+
 def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dict[str, Any]],
            quick: bool, counted: Optional[Dict[str, Any]] = None,
            verify: Optional[Dict[str, Any]] = None,
            construction: Optional[List[Dict[str, Any]]] = None,
-           driver: Optional[Dict[str, Any]] = None) -> str:
-    """The text of RESULTS.md."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+           driver: Optional[Dict[str, Any]] = None,
+           recorded: Optional[datetime.datetime] = None) -> str:
+    """The text of RESULTS.md, for a run made at ``recorded`` (now by default)."""
+    recorded = recorded or datetime.datetime.now(datetime.timezone.utc)
+    now = recorded.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmark results",
         "",
@@ -329,7 +343,8 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         "(each repeat a fresh allocator; the driver's own bookkeeping between calls is "
         "included, the same for every target).  The repeats run in rounds, each target once "
         "a round; beside the ratio of the two bests stands the median of the rounds' "
-        "ratios, which a drift of the machine's speed between rounds does not move.  In-call "
+        "ratios, which a drift of the machine's speed between rounds does not move, and how far "
+        "the rounds' ratios lie apart, which is this machine's noise on the comparison.  In-call "
         "calls/s divides the calls by the time "
         "spent inside them: the sum of the latency replay's per-call wall times, each kind's "
         "capped at its p99.  The latencies are wall time per call, so on a busy machine their "
@@ -404,7 +419,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          load("contracts_on.json"), args.quick,
                                          load("instructions.json"), load("verify_content.json"),
                                          construction_kept["rows"] if construction_kept
-                                         else None, load("driver.json")) + "\n")
+                                         else None, load("driver.json"),
+                                         _written_at(kept)) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \

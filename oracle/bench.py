@@ -205,16 +205,27 @@ def _replay_once(target: Target, program_plan: Plan, num_blocks: int,
     return elapsed, machine
 
 
+def round_ratios(first: Sequence[float], second: Sequence[float]) -> List[float]:
+    """Each complete round's ``second[i] / first[i]``, smallest first: how far
+    apart they lie is the machine's noise on this comparison."""
+    return sorted(b / a for a, b in zip(first, second) if a > 0)
+
+
 def paired_ratio(first: Sequence[float], second: Sequence[float]) -> Optional[float]:
     """The median over the rounds of ``second[i] / first[i]``: the two
     targets' times of one round were taken seconds apart, so a drift
     of the machine's speed cancels out of each ratio, which it does not from
     the ratio of the two bests.  None without a complete round."""
-    ratios = sorted(b / a for a, b in zip(first, second) if a > 0)
+    ratios = round_ratios(first, second)
     if not ratios:
         return None
     middle = len(ratios) // 2
     return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+
+
+def spread_text(ratios: Sequence[float]) -> str:
+    """``", from 2.1x to 2.7x"`` for the rounds' ratios; empty for fewer than two."""
+    return f", from {ratios[0]:.3g}x to {ratios[-1]:.3g}x" if len(ratios) > 1 else ""
 
 
 def fill_cache(allocator: Any, count: int, block_size: int, chain: int = 64) -> None:
@@ -395,7 +406,8 @@ def print_pool(console: Any, report: PoolReport) -> None:
         same = "identical" if report.fingerprints_identical else "[red]DIFFERENT[/red]"
         inside = (f", [bold]{report.in_call_ratio:.2f}x[/bold] in-call"
                   if report.in_call_ratio else "")
-        paired = (f" (median of the rounds' ratios: {report.paired_ratio:.2f}x)"
+        paired = (f" (median of the rounds' ratios: {report.paired_ratio:.2f}x"
+                  f"{spread_text(round_ratios(*(r.seconds_all for r in report.results)))})"
                   if report.paired_ratio is not None else "")
         console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s{paired}{inside}; "
                       f"id fingerprints {same}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any, List
 
@@ -160,9 +161,9 @@ def test_a_bad_target_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
     assert bench.run(args) == 2
 
 
-def _driver_cost_script() -> Any:
-    path = Path(__file__).resolve().parent.parent / "bench" / "driver_cost.py"
-    spec = importlib.util.spec_from_file_location("prefixcache_bench_driver_cost", path)
+def _bench_script(name: str) -> Any:
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"prefixcache_bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -173,7 +174,7 @@ def test_the_driver_cost_stand_in_replays_the_recorded_answers() -> None:
     """bench/driver_cost.py records one answer per allocator call (the
     Block's appends are not the allocator's) and its stand-in replays the
     whole program on them, twice in a row (each stand-in has its own copies)."""
-    script = _driver_cost_script()
+    script = _bench_script("driver_cost")
     program_plan = plan(TINY)
     program = program_plan.program
     answers = script.record_answers(program_plan, TINY.num_blocks)
@@ -190,3 +191,41 @@ def test_the_paired_ratio_is_the_median_of_the_rounds_ratios() -> None:
     assert bench.paired_ratio([1.0, 2.0, 1.0], [3.0, 4.0, 2.5]) == 2.5
     assert bench.paired_ratio([1.0, 1.0], [2.0, 3.0]) == 2.5
     assert bench.paired_ratio([], []) is None
+
+
+def test_the_rounds_ratios_are_sorted_and_their_spread_is_shown() -> None:
+    assert bench.round_ratios([1.0, 2.0, 1.0], [3.0, 4.0, 2.5]) == [2.0, 2.5, 3.0]
+    assert bench.round_ratios([1.0, 0.0], [2.0, 5.0]) == [2.0]  # a round without a time
+    assert bench.spread_text([2.0, 2.5, 3.0]) == ", from 2x to 3x"
+    assert bench.spread_text([2.5]) == ""
+
+
+def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path) -> None:
+    """bench/run_benchmarks.py --render-only writes RESULTS.md from the JSON a
+    run kept: the run's own time in the header, and beside each ratio the
+    median of the rounds' ratios and how far they lie apart."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    args = parser.parse_args([
+        "--blocks", "256", "--tight-blocks", "0", "--running", "4", "--requests", "4",
+        "--repeats", "3", "--no-latency", "--json", str(kept / "impl_vs_vllm.json"),
+        "--against", "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator",
+    ])
+    assert bench.run(args) == 0
+    main_json = kept / "impl_vs_vllm.json"
+    document = json.loads(main_json.read_text())  # as run_benchmarks.py keeps it
+    document.update(exit_code=0, shown_command="prefixcache bench ...")
+    main_json.write_text(json.dumps(document))
+    written_at = 1_700_000_000  # 2023-11-14 22:13 UTC
+    os.utime(main_json, (written_at, written_at))
+    out = tmp_path / "RESULTS.md"
+    script = _bench_script("run_benchmarks")
+    assert script.main(["--render-only", str(kept), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "on 2023-11-14 22:13 UTC" in text
+    rounds = bench.round_ratios(*(result["seconds_all"]
+                                  for result in document["pools"][0]["results"]))
+    assert len(rounds) == 3
+    assert f"from {rounds[0]:.3g}x to {rounds[-1]:.3g}x)" in text
