@@ -11,10 +11,13 @@ bookkeeping plus the allocator calls, the same driver for every target.
 Usage::
 
     python bench/count_instructions.py [--blocks 1024] [--requests 400] [--seed 0]
-                                       [--json PATH]
+                                       [--pair vllm|contracts-off] [--json PATH]
 
-Needs valgrind on PATH and, for vLLM 0.8.5, bench/vllm_reference.py's
-wheel.  Exit code 0, 1 when a child failed, 2 without valgrind.
+``--pair contracts-off`` counts the checked allocator (prefixcache.spec.checked)
+with contracts off (``PREFIXCACHE_CONTRACTS=0``) against the plain one,
+instead of prefixcache.impl against vLLM 0.8.5.  Needs valgrind on PATH and,
+for vLLM 0.8.5, bench/vllm_reference.py's wheel.  Exit code 0, 1 when a
+child failed, 2 without valgrind.
 """
 
 from __future__ import annotations
@@ -32,9 +35,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = {
-    "prefixcache.impl": "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator",
-    "vLLM 0.8.5": "vllm",
+PLAIN = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
+#: The pairs of targets counted (label -> target), the first the reference, and
+#: the environment of their children.
+PAIRS: Dict[str, Tuple[Dict[str, str], Dict[str, str]]] = {
+    "vllm": ({"prefixcache.impl": PLAIN, "vLLM 0.8.5": "vllm"}, {}),
+    "contracts-off": ({"checked (contracts off)":
+                       "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator",
+                       "plain impl": PLAIN}, {"PREFIXCACHE_CONTRACTS": "0"}),
 }
 
 
@@ -59,13 +67,15 @@ def child(workload_path: str, target: str, replay: bool) -> int:
     return 0
 
 
-def _count(workload_path: str, target: str, replay: bool) -> Tuple[int, str]:
-    """Instructions of one child run under cachegrind, and its output."""
+def _count(workload_path: str, target: str, replay: bool,
+           env: Optional[Dict[str, str]] = None) -> Tuple[int, str]:
+    """Instructions of one child run under cachegrind (``env`` added to its
+    environment), and its output."""
     command = ["valgrind", "--tool=cachegrind", "--cache-sim=no",
                "--cachegrind-out-file=/dev/null", sys.executable, __file__, "--child",
                workload_path, target, "replay" if replay else "setup"]
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+                          env={**os.environ, **(env or {}), "PYTHONHASHSEED": "0"})
     match = re.search(r"I\s+refs:\s+([\d,]+)", proc.stderr)
     if proc.returncode != 0 or match is None:
         raise RuntimeError(f"child failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -83,6 +93,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--running", type=int, default=12)
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="vllm",
+                        help="what to count: prefixcache.impl against vLLM 0.8.5 (vllm), or "
+                             "the checked allocator with contracts off against the plain one")
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -100,11 +113,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         path = os.path.join(scratch, "workload.pickle")
         with open(path, "wb") as handle:
             pickle.dump(workload, handle)
-        for label, target in TARGETS.items():
+        targets, env = PAIRS[args.pair]
+        for label, target in targets.items():
             print(f"counting {label} ...", flush=True)
             try:
-                setup, _ = _count(path, target, replay=False)
-                total, output = _count(path, target, replay=True)
+                setup, _ = _count(path, target, False, env)
+                total, output = _count(path, target, True, env)
             except RuntimeError as exc:
                 print(f"{label}: {exc}", file=sys.stderr)
                 return 1
@@ -118,13 +132,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     for row in rows:
         row["per_call"] = row["instructions"] / row["calls"]
         row["relative"] = row["instructions"] / base
-        print(f"  {row['target']:<18} {row['instructions'] / 1e6:9.0f} M instructions "
+        print(f"  {row['target']:<24} {row['instructions'] / 1e6:9.0f} M instructions "
               f"{row['per_call']:8.0f} per call   {row['relative']:5.2f}x the first   "
               f"fingerprint {row['fingerprint'][:16]}")
     same = len({row["fingerprint"] for row in rows}) == 1
     print(f"  id fingerprints {'identical' if same else 'DIFFERENT'}")
     if args.json:
         Path(args.json).write_text(json.dumps({
+            "pair": args.pair,
             "config": {"blocks": args.blocks, "block_size": args.block_size,
                        "running": args.running, "requests": args.requests, "seed": args.seed},
             "rows": rows, "fingerprints_identical": same}, indent=2) + "\n")

@@ -13,7 +13,9 @@ the same code as ``prefixcache bench``):
 1c. the driver's own share of the replay (bench/driver_cost.py): the same
    program on a stand-in target that only returns recorded answers;
 2. the checked allocator (prefixcache.spec.checked) against the plain one
-   with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected;
+   with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected,
+   timed and, when valgrind is installed, counted in instructions
+   (``bench/count_instructions.py --pair contracts-off``);
 3. the same with contracts on, on a small workload (a contract check reads
    the whole abstract state, so its cost grows with the pool);
 4. ``verify_content=True`` against the default (off), side by side;
@@ -65,6 +67,20 @@ def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[st
     document["shown_command"] = _shown(args, env)
     json_path.write_text(json.dumps(document, indent=2) + "\n")  # for --render-only
     return document
+
+
+def _count_instructions(args: List[str], json_path: Path) -> Optional[Dict[str, Any]]:
+    """Run bench/count_instructions.py with ``args``; its JSON, or None
+    without valgrind or when it failed."""
+    if shutil.which("valgrind") is None:
+        return None
+    print("$ python bench/count_instructions.py " + " ".join(args), flush=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "count_instructions.py"),
+                           *args, "--json", str(json_path)], cwd=ROOT)
+    if proc.returncode != 0 or not json_path.is_file():
+        return None
+    counted: Dict[str, Any] = json.loads(json_path.read_text())
+    return counted
 
 
 def _shown(args: Sequence[str], env: Dict[str, str]) -> str:
@@ -274,6 +290,21 @@ def _instructions_section(counted: Optional[Dict[str, Any]]) -> List[str]:
     return lines + [""]
 
 
+def _contracts_off_instructions(counted: Optional[Dict[str, Any]]) -> List[str]:
+    """The contracts-off comparison counted in instructions, which this
+    machine's noise does not move."""
+    if counted is None or len(counted["rows"]) != 2:
+        return []
+    checked, plain = counted["rows"]
+    same = "identical" if counted["fingerprints_identical"] else "DIFFERENT"
+    return [
+        "Contracts off, counted in instructions (the roomy replay under valgrind, as above):",
+        "", "```", "python bench/count_instructions.py --pair contracts-off", "```", "",
+        f"checked (contracts off) {checked['instructions']:,}, plain impl "
+        f"{plain['instructions']:,}: **{checked['instructions'] / plain['instructions']:.4f}x**;"
+        f" id fingerprints {same}.", ""]
+
+
 def _driver_section(driver: Optional[Dict[str, Any]]) -> List[str]:
     if driver is None:
         return []
@@ -326,7 +357,8 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
            verify: Optional[Dict[str, Any]] = None,
            construction: Optional[List[Dict[str, Any]]] = None,
            driver: Optional[Dict[str, Any]] = None,
-           recorded: Optional[datetime.datetime] = None) -> str:
+           recorded: Optional[datetime.datetime] = None,
+           counted_off: Optional[Dict[str, Any]] = None) -> str:
     """The text of RESULTS.md, for a run made at ``recorded`` (now by default)."""
     recorded = recorded or datetime.datetime.now(datetime.timezone.utc)
     now = recorded.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -386,6 +418,7 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         if ratio_on and ratio_off:
             lines += [f"Cost of the checked allocator relative to the plain one: contracts off "
                       f"**{1 / ratio_off:.3f}x**, contracts on **{1 / ratio_on:,.0f}x**.", ""]
+    lines += _contracts_off_instructions(counted_off)
     lines += _verify_section(verify)
     lines += _construction_section(construction)
     return "\n".join(lines)
@@ -420,7 +453,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          load("instructions.json"), load("verify_content.json"),
                                          construction_kept["rows"] if construction_kept
                                          else None, load("driver.json"),
-                                         _written_at(kept)) + "\n")
+                                         _written_at(kept),
+                                         load("instructions_contracts_off.json")) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -430,15 +464,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "7", "--clock", "cpu",
                            *quick], out_dir / "impl_vs_vllm.json", {})
-        counted = None
-        if shutil.which("valgrind") is not None:
-            counted_path = out_dir / "instructions.json"
-            small = ["--requests", "40"] if args.quick else []
-            print("$ python bench/count_instructions.py " + " ".join(small), flush=True)
-            proc = subprocess.run([sys.executable, str(ROOT / "bench" / "count_instructions.py"),
-                                   *small, "--json", str(counted_path)], cwd=ROOT)
-            if proc.returncode == 0 and counted_path.is_file():
-                counted = json.loads(counted_path.read_text())
+        counted = _count_instructions(["--requests", "40"] if args.quick else [],
+                                      out_dir / "instructions.json")
         driver_path = out_dir / "driver.json"
         small = ["--repeats", "1"] if args.quick else []
         print("$ python bench/driver_cost.py " + " ".join(small), flush=True)
@@ -446,7 +473,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                                "--json", str(driver_path)], cwd=ROOT)
         driver = (json.loads(driver_path.read_text())
                   if proc.returncode == 0 and driver_path.is_file() else None)
-        off = on = None
+        off = on = counted_off = None
         if _checked_available():
             off = _bench(["--target", CHECKED, "--against", PLAIN, "--tight-blocks", "0",
                           "--repeats", "7", "--no-latency", "--clock", "cpu", *quick],
@@ -455,6 +482,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                      "--tight-blocks", "0", "--repeats", "1", "--no-latency", "--clock", "cpu"]
             on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
                         out_dir / "contracts_on.json", {"PREFIXCACHE_CONTRACTS": "1"})
+            counted_off = _count_instructions(
+                ["--pair", "contracts-off"] + (["--requests", "40"] if args.quick else []),
+                out_dir / "instructions_contracts_off.json")
         verify = _bench(["--target", "verify-content", "--against", PLAIN, "--repeats", "5",
                          "--no-latency", "--clock", "cpu", *quick],
                         out_dir / "verify_content.json", {})
@@ -462,7 +492,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         construction = _construction(sizes)
         (out_dir / "construction.json").write_text(json.dumps({"rows": construction}) + "\n")
     Path(args.out).write_text(render(main_run, off, on, args.quick, counted, verify,
-                                     construction, driver) + "\n")
+                                     construction, driver, counted_off=counted_off) + "\n")
     print(f"wrote {args.out}")
     failed = any(doc is not None and doc["exit_code"] != 0
                  for doc in (main_run, off, on, verify))

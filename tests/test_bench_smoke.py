@@ -202,8 +202,9 @@ def test_the_rounds_ratios_are_sorted_and_their_spread_is_shown() -> None:
 
 def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path) -> None:
     """bench/run_benchmarks.py --render-only writes RESULTS.md from the JSON a
-    run kept: the run's own time in the header, and beside each ratio the
-    median of the rounds' ratios and how far they lie apart."""
+    run kept: the run's own time in the header, beside each ratio the median
+    of the rounds' ratios and how far they lie apart, and the contracts-off
+    instruction counts."""
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     kept = tmp_path / "kept"
@@ -218,8 +219,13 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
     document = json.loads(main_json.read_text())  # as run_benchmarks.py keeps it
     document.update(exit_code=0, shown_command="prefixcache bench ...")
     main_json.write_text(json.dumps(document))
+    (kept / "instructions_contracts_off.json").write_text(json.dumps({
+        "pair": "contracts-off", "fingerprints_identical": True,
+        "rows": [{"target": "checked (contracts off)", "instructions": 1_000_200},
+                 {"target": "plain impl", "instructions": 1_000_000}]}))
     written_at = 1_700_000_000  # 2023-11-14 22:13 UTC
-    os.utime(main_json, (written_at, written_at))
+    for path in kept.iterdir():
+        os.utime(path, (written_at, written_at))
     out = tmp_path / "RESULTS.md"
     script = _bench_script("run_benchmarks")
     assert script.main(["--render-only", str(kept), "--out", str(out)]) == 0
@@ -229,3 +235,5 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
                                   for result in document["pools"][0]["results"]))
     assert len(rounds) == 3
     assert f"from {rounds[0]:.3g}x to {rounds[-1]:.3g}x)" in text
+    assert ("checked (contracts off) 1,000,200, plain impl 1,000,000: **1.0002x**; "
+            "id fingerprints identical.") in text
