@@ -34,8 +34,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from prefixcache.oracle.targets import DEFAULT_TARGET as PLAIN
+
 ROOT = Path(__file__).resolve().parent.parent
-PLAIN = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
 #: The pairs of targets counted (label -> target), the first the reference, and
 #: the environment of their children.
 PAIRS: Dict[str, Tuple[Dict[str, str], Dict[str, str]]] = {

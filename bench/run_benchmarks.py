@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from prefixcache.oracle.bench import round_ratios, spread_text
+from prefixcache.oracle.targets import DEFAULT_TARGET as PLAIN
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAIN = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
 CHECKED = "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator"
 
 
