@@ -330,6 +330,17 @@ class CacheMetricData:
             self.num_incompleted_block_queries = 0
             self.num_incompleted_block_hit = 0
 
+    def query_all(self, hits: List[bool]) -> None:
+        """``query(hit)`` for each of ``hits`` in order, at once while no
+        bucket closes on the way."""
+        queries = self.num_incompleted_block_queries + len(hits)
+        if queries < self.block_size:
+            self.num_incompleted_block_queries = queries
+            self.num_incompleted_block_hit += hits.count(True)
+        else:
+            for hit in hits:
+                self.query(hit)
+
     def get_hit_rate(self) -> float:
         """The hit rate over every query so far; 0.0 before the first."""
         open_fraction = self.num_incompleted_block_queries / self.block_size

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from itertools import repeat
-from operator import indexOf, ne
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .common import (
@@ -60,7 +59,6 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_LAST_ACCESSED_TIME = -1
 _NO_TOKENS: List[int] = []  # read only: copied into each new mutable Block
-_INT = frozenset({int})  # the types of a list whose items are all ints
 
 #: The exact content of a block (``verify_content``): ``(parent, tokens,
 #: extra_hash)`` where ``parent`` is the previous block's record (None for a
@@ -81,6 +79,40 @@ def same_content(first: Optional[Content], second: Optional[Content]) -> bool:
             return False
         first, second = first[0], second[0]
     return True
+
+
+def common_prefix(lists: Sequence[Sequence[BlockId]]) -> List[BlockId]:
+    """A new list: the longest common prefix of the non-empty ``lists``
+    (``[]`` when there are none), its ids taken from the first of them.
+    Each list is compared with the first in C (slices and ``==``); where
+    they differ, the first difference is found 16 ids at a time, then one
+    at a time."""
+    first: Optional[List[BlockId]] = None
+    length = 0
+    for ids in lists:
+        if not ids:
+            continue
+        if type(ids) is not list:
+            ids = list(ids)
+        if first is None:
+            first = ids
+            length = len(ids)
+            continue
+        if len(ids) == length == len(first):
+            if ids == first:
+                continue
+        else:
+            length = min(length, len(ids))
+            if ids[:length] == first[:length]:
+                continue
+        # first[:length] != ids[:length]: the first difference lies below length
+        index = 0
+        while first[index:index + 16] == ids[index:index + 16]:
+            index += 16
+        while first[index] == ids[index]:
+            index += 1
+        length = index
+    return [] if first is None else first[:length]
 
 
 class BlockTracker:
@@ -623,7 +655,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         cached = self._cached_blocks
         refcounts = self._refcounts
         touched = self._touched_blocks
-        query = self.metric_data.query
+        hits: List[bool] = []  # the hit-rate queries, recorded at once
+        query = hits.append
         blocks: List[Block] = []
         for token_ids, content_hash in zip(block_token_ids, hashes):
             cached_id = cached.get(content_hash)
@@ -648,6 +681,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             block._cached_content_hash = content_hash
             blocks.append(block)
             prev_block = block
+        self.metric_data.query_all(hits)
         return blocks
 
     # -- promotion and copy-on-write -------------------------------------------------
@@ -887,9 +921,11 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             raise WrongTypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
         refcounts = self._refcounts
         trackers = self._block_tracker
-        if {*map(type, block_ids)} <= _INT and 0 not in map(refcounts.get, block_ids, repeat(0)):
-            # the common case, checked at C speed: every id is in use (refcount
-            # above 0), so its tracker is active
+        references = refcounts.get
+        for block_id in block_ids:
+            if type(block_id) is not int or not references(block_id):
+                break
+        else:  # the common case: every id is in use, so its tracker is active
             for block_id in block_ids:
                 trackers[block_id].last_accessed = now
             return
@@ -924,26 +960,18 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         touched.clear()
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: List[List[int]]) -> List[int]:
-        """One list: that list itself.  Otherwise the longest common prefix of
-        the non-empty lists (``[]`` when there are none)."""
+        """One list: that list itself (a tuple: a list of its ids).  Otherwise
+        a new list, the longest common prefix of the non-empty lists (``[]``
+        when there are none).  Ids are compared with ``==`` only, so lists and
+        tuples mix and any ids are accepted."""
         if (type(computed_seq_block_ids) is list and len(computed_seq_block_ids) == 1
                 and type(computed_seq_block_ids[0]) is list):
             return computed_seq_block_ids[0]  # the common case, already checked
         check_list_of_lists(computed_seq_block_ids, "computed_seq_block_ids")
         if len(computed_seq_block_ids) == 1:
-            return computed_seq_block_ids[0]
-        lists = [ids for ids in computed_seq_block_ids if ids]
-        if not lists:
-            return []
-        # The common prefix of all is that of the least and the greatest.
-        low, high = min(lists), max(lists)
-        length = len(low)
-        if high[:length] != low:  # they differ before low's end
-            length -= 1  # most often at its last id (forks part at their tails)
-            if high[:length] != low[:length]:
-                length = indexOf(map(ne, low, high), True)
-        common = low[:length]
-        return common if type(common) is list else list(common)
+            only = computed_seq_block_ids[0]
+            return only if type(only) is list else list(only)
+        return common_prefix(computed_seq_block_ids)
 
     # -- swapping ---------------------------------------------------------------------------
 

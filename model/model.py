@@ -348,12 +348,14 @@ class Model:
     # -------------------------------------------------------------- queries
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
-        """The one list itself if there is exactly one, else the longest
-        common prefix of the non-empty lists ([] if none).  No effect."""
+        """The one list itself if there is exactly one (a tuple: a list of
+        its ids), else the longest common prefix of the non-empty lists ([]
+        if none).  No effect."""
         if not self.caching:
             return []
         if len(computed_seq_block_ids) == 1:
-            return computed_seq_block_ids[0]
+            only = computed_seq_block_ids[0]
+            return only if isinstance(only, list) else list(only)
         rows = [r for r in computed_seq_block_ids if r]
         n = 0
         while rows and all(len(r) > n and r[n] == rows[0][n] for r in rows):

@@ -9,6 +9,8 @@ from typing import List
 from unittest.mock import MagicMock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from impl_snapshot import expect_rejected, snapshot
 
 from prefixcache.impl import errors as err
@@ -361,6 +363,20 @@ def test_metric_folds_every_1000_queries() -> None:
     assert m.get_hit_rate() == 0.375
     m.query(True)
     assert m.get_hit_rate() == (0.375 * 2 + 1.0 * (1 / 1000)) / (2 + 1 / 1000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.booleans(), max_size=9), max_size=8), st.integers(1, 5))
+def test_metric_query_all_is_query_in_order(runs: List[List[bool]], bucket: int) -> None:
+    """Recording runs at once equals recording each query in order, buckets
+    closing inside a run included."""
+    at_once, one_by_one = CacheMetricData(block_size=bucket), CacheMetricData(block_size=bucket)
+    for run in runs:
+        at_once.query_all(list(run))
+        for hit in run:
+            one_by_one.query(hit)
+        assert vars(at_once) == vars(one_by_one)
+        assert at_once.get_hit_rate() == one_by_one.get_hit_rate()
 
 
 def test_metric_weights_buckets_not_queries() -> None:

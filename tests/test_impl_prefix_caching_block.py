@@ -8,7 +8,7 @@ stricter); rejected calls are checked with the shared snapshot helper."""
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import List, Optional, Tuple
 from unittest.mock import MagicMock
 
 import pytest
@@ -32,6 +32,7 @@ from prefixcache.impl.prefix_caching_block import (
     PrefixCachingBlockAllocator,
     assert_prefix_caching_block_or_none,
 )
+from prefixcache.spec.contracts import common_computed_prefix
 
 H = PrefixCachingBlock.hash_block_tokens
 NONE_HASH = hash("None")
@@ -867,27 +868,31 @@ def test_get_common_computed_block_ids() -> None:
     assert a.get_common_computed_block_ids([[7, 8, 9], [7, 1, 9], [7, 8, 2]]) == [7]
 
 
-def _common_prefix(lists: List[List[int]]) -> List[int]:
-    """The reference: the longest list every non-empty one starts with."""
-    lists = [list(ids) for ids in lists if ids]
-    if not lists:
-        return []
-    length = 0
-    while all(len(ids) > length and ids[length] == lists[0][length] for ids in lists):
-        length += 1
-    return lists[0][:length]
-
-
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), max_size=6), min_size=2, max_size=4),
-       st.booleans())
-def test_get_common_computed_block_ids_is_the_common_prefix(lists: List[List[int]],
-                                                            as_tuples: bool) -> None:
-    """Of two or more lists (or tuples): a new list, their common prefix."""
+@given(st.lists(st.integers(0, 3), max_size=50),
+       st.lists(st.tuples(st.integers(0, 50), st.lists(st.integers(0, 3), max_size=4),
+                          st.booleans()), min_size=1, max_size=4))
+def test_get_common_computed_block_ids_is_the_common_prefix(
+        stem: List[int], rows: List[Tuple[int, List[int], bool]]) -> None:
+    """Of lists or tuples (mixed) that share parts of a stem and part at
+    their tails: the spec's common prefix, as a list."""
     a = make(2, 2)
-    given_lists = [tuple(ids) for ids in lists] if as_tuples else lists
+    given_lists = [tuple(stem[:keep] + tail) if as_tuple else stem[:keep] + tail
+                   for keep, tail, as_tuple in rows]
     result = a.get_common_computed_block_ids(given_lists)
-    assert type(result) is list and result == _common_prefix(lists)
+    assert type(result) is list and result == common_computed_prefix(given_lists)
+
+
+def test_get_common_computed_block_ids_compares_ids_with_eq_only() -> None:
+    """Ids of any type are compared with ``==`` (never ordered), as the spec
+    says: the query always succeeds."""
+    a = make(2, 2)
+    assert a.get_common_computed_block_ids([(4, 5)]) == [4, 5]
+    assert a.get_common_computed_block_ids([[1, 2], (1, 2)]) == [1, 2]
+    assert a.get_common_computed_block_ids([[1, "a"], [1, 2]]) == [1]
+    assert a.get_common_computed_block_ids([[1, None], [1, 2.5], [1]]) == [1]
+    long = list(range(100))
+    assert a.get_common_computed_block_ids([long, long[:70] + [-1] + long[71:]]) == long[:70]
 
 
 # --------------------------------------------------------------------------
