@@ -88,7 +88,6 @@ def common_prefix(lists: Sequence[Sequence[BlockId]]) -> List[BlockId]:
     they differ, the first difference is found 16 ids at a time, then one
     at a time."""
     first: Optional[List[BlockId]] = None
-    length = 0
     for ids in lists:
         if not ids:
             continue

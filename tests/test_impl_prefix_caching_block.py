@@ -883,6 +883,19 @@ def test_get_common_computed_block_ids_is_the_common_prefix(
     assert type(result) is list and result == common_computed_prefix(given_lists)
 
 
+@pytest.mark.parametrize("extra", [0, 1, 17])
+@pytest.mark.parametrize("part", [0, 1, 15, 16, 17, 31, 32, 33, 47, 48, 60])
+def test_get_common_computed_block_ids_parts_anywhere(part: int, extra: int) -> None:
+    """Long lists parting at every place the search by 16 ids can get wrong
+    (a chunk's first, last, next id), of equal and unequal lengths."""
+    a = make(2, 2)
+    first = list(range(64))
+    other = first[:part] + [-1] + first[part + 1:] + list(range(100, 100 + extra))
+    for lists in ([first, other], [other, first], [first, first[:], other]):
+        result = a.get_common_computed_block_ids(lists)
+        assert result == common_computed_prefix(lists) == first[:part]
+
+
 def test_get_common_computed_block_ids_compares_ids_with_eq_only() -> None:
     """Ids of any type are compared with ``==`` (never ordered), as the spec
     says: the query always succeeds."""
