@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Type
 
 from hypothesis import event
 from hypothesis import strategies as st
@@ -336,12 +336,14 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
 
         @rule(data=st.data())
         def common_computed(self, data: st.DataObject) -> None:
-            """The common prefix of some sequences' id lists."""
+            """The common prefix of some sequences' id lists (some of them
+            tuples: the argument may mix the two)."""
             k = data.draw(st.integers(0, min(3, len(self.seqs))), label="how many")
-            lists = []
+            lists: List[Sequence[int]] = []
             for _ in range(k):
                 ids = self.ids(self.pick(data, self.seqs))
-                lists.append(ids[: data.draw(st.integers(0, len(ids)), label="cut")])
+                ids = ids[: data.draw(st.integers(0, len(ids)), label="cut")]
+                lists.append(tuple(ids) if data.draw(st.booleans(), label="a tuple") else ids)
             self.run("get_common_computed_block_ids", computed_seq_block_ids=lists)
 
         @precondition(lambda self: self.seqs)
