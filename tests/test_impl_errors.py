@@ -223,6 +223,10 @@ def _wrong_type_calls() -> Dict[str, Callable[[], Tuple[object, Callable[[], obj
         "prefix.swap_out(None)": case(prefix, lambda a: a.swap_out(None)),
         "prefix.allocate_immutable_blocks(None)": case(
             prefix, lambda a: a.allocate_immutable_blocks(None, None)),
+        "prefix.allocate_immutable_blocks(int, ...)": case(
+            prefix, lambda a: a.allocate_immutable_blocks(5, [[1, 2]])),
+        "prefix.allocate_immutable_block(int, ...)": case(
+            prefix, lambda a: a.allocate_immutable_block(5, [1, 2])),
         "prefix.get_num_full_blocks_touched([str])": case(
             prefix, lambda a: a.get_num_full_blocks_touched(["x"])),
         "prefix.get_physical_block_id([1])": case(prefix, lambda a: a.get_physical_block_id([1])),
