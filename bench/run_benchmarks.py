@@ -459,13 +459,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
         if args.quick else []
+    counted_quick = ["--requests", "40"] if args.quick else []  # the instruction counts' workload
     with tempfile.TemporaryDirectory() as scratch:
         out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
         out_dir.mkdir(parents=True, exist_ok=True)
         main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "7", "--clock", "cpu",
                            *quick], out_dir / "impl_vs_vllm.json", {})
-        counted = _count_instructions(["--requests", "40"] if args.quick else [],
-                                      out_dir / "instructions.json")
+        counted = _count_instructions(counted_quick, out_dir / "instructions.json")
         driver_path = out_dir / "driver.json"
         small = ["--repeats", "1"] if args.quick else []
         print("$ python bench/driver_cost.py " + " ".join(small), flush=True)
@@ -483,7 +483,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
                         out_dir / "contracts_on.json", {"PREFIXCACHE_CONTRACTS": "1"})
             counted_off = _count_instructions(
-                ["--pair", "contracts-off"] + (["--requests", "40"] if args.quick else []),
+                ["--pair", "contracts-off", *counted_quick],
                 out_dir / "instructions_contracts_off.json")
         verify = _bench(["--target", "verify-content", "--against", PLAIN, "--repeats", "5",
                          "--no-latency", "--clock", "cpu", *quick],
