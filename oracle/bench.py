@@ -230,13 +230,21 @@ def spread_text(ratios: Sequence[float]) -> str:
 
 def fill_cache(allocator: Any, count: int, block_size: int, chain: int = 64) -> None:
     """Put ``count`` cached, evictable blocks in ``allocator`` (chains of
-    distinct content, allocated then freed) without changing its free count."""
+    distinct content, allocated then freed) without changing its free count.
+    Each chain is marked computed before it is freed, as an engine marks
+    the blocks of every step: the blocks are cached and computed, like those
+    a server's evictor holds, and none is left touched (otherwise the first
+    ``mark_blocks_as_computed`` of the timed replay would pay for all of
+    them at once, a cost of this setup and not of the pool's size)."""
     first = 0
     done = 0
     while done < count:
         length = min(chain, count - done)
-        tokens = [[-1 - first] + [0] * (block_size - 1)] + [[0] * block_size] * (length - 1)
+        # first tokens -2, -3, ...: never -1, whose hash is hash(-2), so that
+        # no two chains' contents hash alike
+        tokens = [[-2 - first] + [0] * (block_size - 1)] + [[0] * block_size] * (length - 1)
         blocks = allocator.allocate_immutable_blocks(None, tokens)
+        allocator.mark_blocks_as_computed([])
         for block in blocks:
             allocator.free(block)
         first += 1

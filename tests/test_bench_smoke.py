@@ -129,6 +129,19 @@ def test_two_correct_allocators_hand_out_the_same_ids() -> None:
     assert results[0].latency["append_token_ids"].count > 0
 
 
+@pytest.mark.parametrize("count", [1, 64, 130])
+def test_the_scaling_prefill_leaves_cached_computed_evictable_blocks(count: int) -> None:
+    """fill_cache leaves ``count`` evictable blocks, every one cached and
+    computed (none touched: the timed replay's first mark_blocks_as_computed
+    must not pay for the prefill), and the free count as it was."""
+    allocator = PrefixCachingBlockAllocator(num_blocks=256, block_size=4)
+    bench.fill_cache(allocator, count, 4)
+    assert allocator.evictor.num_blocks == count
+    assert allocator.get_num_free_blocks() == 256
+    assert not allocator._touched_blocks
+    assert all(allocator.block_is_computed(block_id) for block_id in allocator.evictor.free_table)
+
+
 def test_the_verb_prints_and_writes_json(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
