@@ -244,7 +244,7 @@ def _scaling_section(document: Dict[str, Any]) -> List[str]:
     fill = document.get("scaling_fill") or 0.0
     lines = [
         f"One program (planned for the smallest pool) on every pool size; before timing, "
-        f"{fill:.0%} of each pool is filled with cached, evictable blocks, so the cache "
+        f"{fill:.0%} of each pool is filled with cached, computed, evictable blocks, so the cache "
         f"map, the evictor and the per-id tables have the pool's size.",
         "",
         "| blocks | prefilled | calls/s | ns/call | x smallest |",

@@ -324,7 +324,7 @@ def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: 
             clock: Callable[[], int] = perf_counter_ns) -> List[ScalingRow]:
     """The target's per-call cost on each pool size, all running the program
     planned for the smallest size (which is valid for every larger pool);
-    ``fill`` of each pool is made cached and evictable first."""
+    ``fill`` of each pool is made cached, computed and evictable first."""
     sizes = sorted(sizes)
     small = WorkloadConfig(**{**asdict(config), "num_blocks": sizes[0]})
     program_plan = plan(small)
@@ -449,7 +449,7 @@ def print_scaling(console: Any, target: str, rows: Sequence[ScalingRow], fill: f
     from rich.table import Table
 
     table = Table(title=f"flat cost: {target}, one program on every pool size, "
-                        f"{fill:.0%} of each pool cached and evictable first",
+                        f"{fill:.0%} of each pool cached, computed and evictable first",
                   title_justify="left")
     for column in ("blocks", "prefilled", "calls/s", "ns/call", "x smallest", "fingerprint"):
         table.add_column(column, justify="left" if column == "fingerprint" else "right")
@@ -509,7 +509,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scaling-sizes", type=_sizes, default=list(DEFAULT_SCALING_SIZES),
                         metavar="N,N,...", help="pool sizes of --scaling")
     parser.add_argument("--scaling-fill", type=float, default=0.5,
-                        help="fraction of each --scaling pool made cached and evictable "
+                        help="fraction of each --scaling pool made cached, computed and evictable "
                              "before timing (0.5)")
     parser.add_argument("--vllm-cache", default=None, metavar="DIR",
                         help="cache directory of the vLLM 0.8.5 wheel (for --against vllm)")
