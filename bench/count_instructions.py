@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from prefixcache.oracle.targets import CHECKED_TARGET
 from prefixcache.oracle.targets import DEFAULT_TARGET as PLAIN
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,9 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the environment of their children.
 PAIRS: Dict[str, Tuple[Dict[str, str], Dict[str, str]]] = {
     "vllm": ({"prefixcache.impl": PLAIN, "vLLM 0.8.5": "vllm"}, {}),
-    "contracts-off": ({"checked (contracts off)":
-                       "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator",
-                       "plain impl": PLAIN}, {"PREFIXCACHE_CONTRACTS": "0"}),
+    "contracts-off": ({"checked (contracts off)": CHECKED_TARGET, "plain impl": PLAIN},
+                      {"PREFIXCACHE_CONTRACTS": "0"}),
 }
 
 

@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from prefixcache.oracle.bench import round_ratios, spread_text
+from prefixcache.oracle.targets import CHECKED_TARGET as CHECKED
 from prefixcache.oracle.targets import DEFAULT_TARGET as PLAIN
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator"
 
 
 def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[str, Any]:

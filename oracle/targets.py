@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Union
 
 DEFAULT_TARGET = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
+#: The same allocator with the spec's contracts (on unless PREFIXCACHE_CONTRACTS=0).
+CHECKED_TARGET = "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator"
 KINDS = ("prefix", "naive", "cpu_gpu")
 
 Factory = Callable[[int, int], Any]
