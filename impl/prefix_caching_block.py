@@ -959,17 +959,17 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         touched.clear()
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: List[List[int]]) -> List[int]:
-        """One list: that list itself (a tuple: a list of its ids).  Otherwise
-        a new list, the longest common prefix of the non-empty lists (``[]``
-        when there are none).  Ids are compared with ``==`` only, so lists and
-        tuples mix and any ids are accepted."""
+        """One list: that list itself, a list subclass too (a tuple: a list of
+        its ids).  Otherwise a new list, the longest common prefix of the
+        non-empty lists (``[]`` when there are none).  Ids are compared with
+        ``==`` only, so lists and tuples mix and any ids are accepted."""
         if (type(computed_seq_block_ids) is list and len(computed_seq_block_ids) == 1
                 and type(computed_seq_block_ids[0]) is list):
             return computed_seq_block_ids[0]  # the common case, already checked
         check_list_of_lists(computed_seq_block_ids, "computed_seq_block_ids")
         if len(computed_seq_block_ids) == 1:
             only = computed_seq_block_ids[0]
-            return only if type(only) is list else list(only)
+            return only if isinstance(only, list) else list(only)
         return common_prefix(computed_seq_block_ids)
 
     # -- swapping ---------------------------------------------------------------------------

@@ -857,6 +857,12 @@ def test_get_common_computed_block_ids() -> None:
     single = [4, 5, 6]
     assert a.get_common_computed_block_ids([single]) is single
     assert a.get_common_computed_block_ids((single,)) is single  # a tuple of lists too
+
+    class IdList(List[int]):
+        pass
+
+    own = IdList([4, 5])
+    assert a.get_common_computed_block_ids([own]) is own  # a list subclass: itself, as in vLLM
     assert a.get_common_computed_block_ids([[1, 2, 3], [1, 2, 4], [1, 2]]) == [1, 2]
     assert a.get_common_computed_block_ids([[1, 2, 3], [], [1, 2, 3]]) == [1, 2, 3]
     assert a.get_common_computed_block_ids([[5], [6]]) == []
