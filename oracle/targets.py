@@ -1,6 +1,11 @@
 """What the oracle judges: a target allocator, named ``module:Class`` or given
 as a factory callable, and how to build one of a given size.
 
+``vllm==VERSION[:Class]`` names a pinned vLLM release's own allocator
+(:mod:`prefixcache.oracle.vllm_source`): ``PrefixCachingBlockAllocator``
+unless another class of its ``naive_block``, ``prefix_caching_block`` or
+``cpu_gpu_block_allocator`` is named (``vllm==0.8.5:CpuGpuBlockAllocator``).
+
 Three kinds of target, told apart by their constructor:
 
 * ``prefix``: ``Class(num_blocks=..., block_size=...)`` -- a prefix-caching
@@ -26,6 +31,8 @@ DEFAULT_TARGET = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAlloca
 #: The same allocator with the spec's contracts (on unless PREFIXCACHE_CONTRACTS=0).
 CHECKED_TARGET = "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator"
 KINDS = ("prefix", "naive", "cpu_gpu")
+#: How a target string names a pinned vLLM release.
+VLLM_PREFIX = "vllm=="
 
 Factory = Callable[[int, int], Any]
 
@@ -68,6 +75,31 @@ def _load(spec: str) -> Any:
         except AttributeError as exc:
             raise TargetError(f"{module_name!r} has no attribute {attr!r}") from exc
     return obj
+
+
+def _vllm_class(spec: str) -> Any:
+    """The allocator class ``vllm==VERSION[:Class]`` names, from that release's
+    own code (loaded by vllm_source.load, under a private package name)."""
+    from . import vllm_source
+
+    version, _, class_name = spec[len(VLLM_PREFIX):].partition(":")
+    try:
+        ref = vllm_source.load(version)
+    except vllm_source.VllmSourceError as exc:
+        raise TargetError(str(exc)) from exc
+    bases = (ref.interfaces.BlockAllocator, ref.interfaces.DeviceAwareBlockAllocator)
+    allocators = {
+        name: obj
+        for module in (ref.naive_block, ref.prefix_caching_block, ref.cpu_gpu_block_allocator)
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj) and obj.__module__ == module.__name__
+        and issubclass(obj, bases) and not inspect.isabstract(obj)
+    }
+    cls = allocators.get(class_name or "PrefixCachingBlockAllocator")
+    if cls is None:
+        raise TargetError(f"vLLM {version} has no allocator class {class_name!r}; it has "
+                          f"{', '.join(sorted(allocators))}")
+    return cls
 
 
 def _guess_kind(cls: type) -> str:
@@ -115,16 +147,16 @@ def resolve_target(
     options: Optional[Dict[str, Any]] = None,
 ) -> Target:
     """The :class:`Target` that ``target`` names (default: prefixcache.impl's
-    prefix-caching allocator).  ``kind`` overrides the guess from the
-    constructor; ``options`` are extra keyword arguments of every
-    construction (``hash_algo=...``).  Raises TargetError when it cannot be
-    loaded."""
+    prefix-caching allocator; ``vllm==0.8.5[:Class]``: vLLM's own).  ``kind``
+    overrides the guess from the constructor; ``options`` are extra keyword
+    arguments of every construction (``hash_algo=...``).  Raises TargetError
+    when it cannot be loaded."""
     if target is None:
         target = DEFAULT_TARGET
     if kind is not None and kind not in KINDS:
         raise TargetError(f"kind must be one of {KINDS}, got {kind!r}")
     if isinstance(target, str):
-        obj = _load(target)
+        obj = _vllm_class(target) if target.startswith(VLLM_PREFIX) else _load(target)
         name = target
     elif callable(target):
         obj = target
