@@ -16,7 +16,7 @@ Usage::
 ``--pair contracts-off`` counts the checked allocator (prefixcache.spec.checked)
 with contracts off (``PREFIXCACHE_CONTRACTS=0``) against the plain one,
 instead of prefixcache.impl against vLLM 0.8.5.  Needs valgrind on PATH and,
-for vLLM 0.8.5, bench/vllm_reference.py's wheel.  Exit code 0, 1 when a
+for vLLM 0.8.5, prefixcache.oracle.vllm_source's wheel.  Exit code 0, 1 when a
 child failed, 2 without valgrind.
 """
 

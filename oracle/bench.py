@@ -24,7 +24,7 @@ calls (:mod:`prefixcache.oracle.benchdriver`) and replayed on each target:
 
 ``--against MODULE:CLASS`` times a second target in the same run,
 interleaved with the first (``--against vllm``: vLLM 0.8.5's own allocator,
-obtained by ``bench/vllm_reference.py`` of a source checkout).
+obtained by :mod:`prefixcache.oracle.vllm_source`).
 ``--scaling`` prints the per-call cost for pool sizes from 1,000 to
 1,000,000 blocks on one and the same program.
 
@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
+import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from time import perf_counter_ns, process_time_ns
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from . import vllm_source
 from .benchdriver import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
 from .targets import Target, TargetError, resolve_target
 from .workload import WorkloadConfig
@@ -128,34 +129,13 @@ class ScalingRow:
 # -- targets ---------------------------------------------------------------------------
 
 
-def _vllm_reference_module(path: Optional[str] = None) -> Any:
-    """Import bench/vllm_reference.py of the source checkout."""
-    candidates = [Path(path)] if path else []
-    here = Path(__file__).resolve()
-    candidates += [parent / "bench" / "vllm_reference.py" for parent in here.parents]
-    for candidate in candidates:
-        if candidate.is_file():
-            spec = importlib.util.spec_from_file_location("prefixcache_vllm_reference", candidate)
-            if spec is None or spec.loader is None:
-                continue
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-            return module
-    raise TargetError("--against vllm needs bench/vllm_reference.py from a source checkout "
-                      "of prefixcache")
-
-
 def vllm_target(cache_dir: Optional[str] = None) -> Target:
-    """vLLM 0.8.5's PrefixCachingBlockAllocator as a target."""
-    reference = _vllm_reference_module()
-    try:
-        modules = reference.load_vllm(cache_dir)
-    except Exception as exc:  # VllmReferenceError and whatever obtaining it raised
-        raise TargetError(f"cannot load vLLM 0.8.5: {exc}") from exc
-    cls = modules.prefix_caching_block.PrefixCachingBlockAllocator
-    return Target(name="vllm-0.8.5:PrefixCachingBlockAllocator", kind="prefix",
-                  build=lambda n, size: cls(num_blocks=n, block_size=size))
+    """vLLM 0.8.5's PrefixCachingBlockAllocator as a target (vllm_source.load);
+    ``cache_dir``, if given, becomes this process's $PREFIXCACHE_VLLM_CACHE."""
+    if cache_dir:
+        os.environ[vllm_source.CACHE_ENV] = cache_dir
+    target = resolve_target("vllm==0.8.5")
+    return replace(target, name="vllm-0.8.5:PrefixCachingBlockAllocator")
 
 
 def verify_content_target() -> Target:
@@ -512,7 +492,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fraction of each --scaling pool made cached, computed and evictable "
                              "before timing (0.5)")
     parser.add_argument("--vllm-cache", default=None, metavar="DIR",
-                        help="cache directory of the vLLM 0.8.5 wheel (for --against vllm)")
+                        help="cache directory of the vLLM 0.8.5 wheel (for --against vllm; "
+                             "default $PREFIXCACHE_VLLM_CACHE or ~/.cache/prefixcache/vllm-0.8.5)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write every figure as JSON to PATH")
 

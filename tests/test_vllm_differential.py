@@ -145,7 +145,7 @@ tolerated or avoided here:
     Swapped-out sequences are therefore freed with
     ``keep_block_object=True`` on the CPU allocator (both sides).
 
-The wheel (~320 MB) is fetched once per machine by bench/vllm_reference.py
+The wheel (~320 MB) is fetched once per machine by prefixcache.oracle.vllm_source
 (``pip download``, into ``~/.cache/prefixcache/vllm-0.8.5`` or
 ``$PREFIXCACHE_VLLM_CACHE``); when it cannot be had the test fails.  Set
 ``PREFIXCACHE_DIFF_EXAMPLES=N`` for a longer, randomised run.
@@ -155,11 +155,9 @@ from __future__ import annotations
 
 import functools
 import heapq
-import importlib.util
 import os
 import random
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 import pytest
@@ -169,28 +167,18 @@ from hypothesis import strategies as st
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator as OurCpuGpu
 from prefixcache.impl.interfaces import Device
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator as OurPrefix
+from prefixcache.oracle import vllm_source
 
-REPO = Path(__file__).resolve().parents[1]
 TOKENS = st.integers(0, 1)
 TIMES = st.integers(0, 3)
 GPU, CPU = "GPU", "CPU"
 
 
 @functools.lru_cache(maxsize=1)
-def _reference_module() -> Any:
-    path = REPO / "bench" / "vllm_reference.py"
-    spec = importlib.util.spec_from_file_location("prefixcache_bench_vllm_reference", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.lru_cache(maxsize=1)
 def _load() -> Tuple[Any, Optional[str]]:
     """vLLM's modules, or why they could not be had (tried once per process)."""
     try:
-        return _reference_module().load_vllm(), None
+        return vllm_source.load("0.8.5"), None
     except Exception as exc:  # noqa: BLE001 - any failure to get vLLM fails the tests
         return None, f"{type(exc).__name__}: {exc}"
 
@@ -201,7 +189,7 @@ def vllm() -> Any:
     if error is not None:
         pytest.fail(
             "the differential test needs vLLM 0.8.5's allocators, obtained by "
-            f"bench/vllm_reference.py, and could not get them:\n{error}",
+            f"prefixcache.oracle.vllm_source, and could not get them:\n{error}",
             pytrace=False,
         )
     return ref
