@@ -56,14 +56,16 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--top", type=int, default=12, help="functions to list")
     args = parser.parse_args(argv)
 
-    plain = campaign._campaign(fuzz_args(args.seconds, args.seed), worker=0)
-    print(f"without profiler: {plain.steps:,} steps in {plain.seconds:.1f} s = "
-          f"{plain.steps / plain.seconds:,.0f} checked steps/s ({plain.examples:,} examples)")
+    plain = campaign.search_with(fuzz_args(args.seconds, args.seed))
+    steps, examples = plain.stats.steps, plain.stats.examples
+    print(f"without profiler: {steps:,} steps in {plain.seconds:.1f} s = "
+          f"{steps / plain.seconds:,.0f} checked steps/s ({examples:,} examples); "
+          f"{plain.shrink_seconds:.1f} s of it shrinking")
 
     profiler = cProfile.Profile()
     start = time.perf_counter()
     profiler.enable()
-    profiled = campaign._campaign(fuzz_args(args.seconds, args.seed), worker=0)
+    profiled = campaign.search_with(fuzz_args(args.seconds, args.seed))
     profiler.disable()
     wall = time.perf_counter() - start
     stats = pstats.Stats(profiler)
@@ -73,7 +75,7 @@ def main(argv: List[str]) -> int:
         by_part[part_of(filename)] += tottime
         rows.append((tottime, cumtime, f"{filename.rsplit('/', 2)[-2:]}:{line} {name}"))
     total = sum(by_part.values())
-    print(f"\nunder cProfile: {profiled.steps:,} steps in {wall:.1f} s; own time by part:")
+    print(f"\nunder cProfile: {profiled.stats.steps:,} steps in {wall:.1f} s; own time by part:")
     print("| part | own time (s) | share |\n|---|---:|---:|")
     for label, seconds in sorted(by_part.items(), key=lambda kv: -kv[1]):
         print(f"| {label} | {seconds:.2f} | {100 * seconds / total:.1f}% |")

@@ -19,7 +19,7 @@ class DeviceModel:
     Allocations and counts go to the named device; ``free``, ``fork`` and
     ``append_token_ids`` to the handle's own device; copy-on-write records,
     access and computed marks and common-prefix queries to the GPU.
-    ``options`` (``strict``, ``chooser``, ``check_invariants``) go to both."""
+    ``options`` (``strict``, ``chooser``, ``check_invariants``, ``semantics``) go to both."""
 
     def __init__(
         self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int, **options: Any
@@ -109,9 +109,9 @@ class DeviceModel:
         try:
             src.swap_out(hs)
             dst.swap_in(hs)
-        except BaseException:
-            dst._load(saved[1])
-            src._load(saved[0])
+        except BaseException as exc:
+            dst._rollback(saved[1], exc)
+            src._rollback(saved[0], exc)
             raise
         pairs = {cast(int, s): cast(int, h.block_id) for s, h in zip(before, hs)}
         self._swaps.update(pairs)

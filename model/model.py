@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from ..impl import errors as err
+from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState, ContentKey, EvictorEntry
 from .errors import ChoiceNotAllowed, ModelInvariantError
 from .handles import ChainKey, Handle, chain
@@ -40,8 +41,8 @@ def _operation(method: _F) -> _F:
         saved = self._save((*args, *kwargs.values()))
         try:
             return method(self, *args, **kwargs)
-        except BaseException:
-            self._load(saved)
+        except BaseException as exc:
+            self._rollback(saved, exc)
             raise
         finally:
             self._self_check()
@@ -106,8 +107,11 @@ class Model:
         chooser: Optional[Chooser] = None,
         check_invariants: bool = True,
         caching: bool = True,
+        semantics: Semantics = PREFIXCACHE,
     ) -> None:
-        """An allocator with every id free, nothing cached, no query yet."""
+        """An allocator with every id free, nothing cached, no query yet,
+        following ``semantics`` where the spec names two rules
+        (prefixcache's by default)."""
         if not (_is_int(num_blocks) and _is_int(block_size) and num_blocks >= 0 < block_size):
             raise err.InvalidArgumentError("need an int num_blocks >= 0 and block_size >= 1")
         ids = list(range(num_blocks) if block_ids is None else block_ids)
@@ -115,7 +119,7 @@ class Model:
             raise err.InvalidArgumentError("block_ids must be num_blocks distinct ints")
         self.block_size = block_size
         self.strict, self.chooser, self.check_invariants = strict, chooser, check_invariants
-        self.caching = caching
+        self.caching, self.semantics = caching, semantics
         self._ids = tuple(sorted(ids))
         self._free = ids  # hand-out order, first = next
         self._ref = dict.fromkeys(ids, 0)
@@ -511,8 +515,9 @@ class Model:
     def _computed(self, i: int) -> bool:
         """vLLM's ``block_is_computed``, made exact: an id with content is
         computed unless it was promoted since the last
-        ``mark_blocks_as_computed`` (in use or evictable alike); a mutable
-        id never is."""
+        ``mark_blocks_as_computed`` (in use or evictable alike; under the
+        option ``computed_on_release`` an id stops being touched when its last
+        reference goes); a mutable id never is."""
         return i in self._content and i not in self._touched
 
     def _cache(self, i: int, key: ChainKey) -> None:
@@ -533,6 +538,8 @@ class Model:
         self._ref[i] -= 1
         if self._ref[i] == 0:
             if i in self._content:
+                if self.semantics.computed_on_release:
+                    self._touched.discard(i)
                 tokens = sum(len(toks) for _, toks in self._content[i])
                 self._evictor.append((self._last[i], -tokens, i))
                 self._evictor.sort()
@@ -600,6 +607,15 @@ class Model:
         marks = [(h, h.owner, h.block_id, list(h.token_ids), h.computed, h.key)
                  for h in handles if isinstance(h, Handle)]  # fmt: skip
         return fields, dict(self._live), marks
+
+    def _rollback(self, saved: tuple[Any, ...], exc: BaseException) -> None:
+        """Put back what a failed call changed (see ``_save``); under
+        ``failed_query_counted`` a refusal for want of ids keeps the cache
+        queries it made."""
+        counts = self._hits, self._misses, self._buckets
+        self._load(saved)
+        if self.semantics.failed_query_counted and isinstance(exc, err.NoFreeBlocksError):
+            self._hits, self._misses, self._buckets = counts
 
     def _load(self, saved: tuple[Any, ...]) -> None:
         fields, live, marks = saved

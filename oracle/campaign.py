@@ -1,14 +1,16 @@
 """``prefixcache fuzz``: a fuzzing campaign of one target against the model.
 
-The campaign runs the oracle's state machine in batches of examples until
-the time or example budget is spent or a violation is found.  Each batch
-has its own seed, derived from ``--seed``, so a campaign is reproducible.
-``--workers N`` runs N such campaigns in processes that share one Hypothesis
-example database (a directory, or ``redis://HOST:PORT``): a failure one
-worker finds is saved there and replayed first by every other worker and
-every later campaign.
+The campaign searches (:mod:`~prefixcache.oracle.search`) until its budget
+ends or ``--max-findings`` distinct findings are found, and reports every
+distinct finding: shrunk, with its program, its own trace file (which
+``prefixcache replay`` re-runs) and, where it exists only because of a
+stricter option of the spec, that option.  ``--baseline REPORT.json`` makes
+an earlier report's findings known: only new ones fail the run.
+``--workers N`` runs N searches in processes that share one Hypothesis
+example database (a directory, or ``redis://HOST:PORT``).
 
-Exit codes: 0 no violation, 1 a violation, 2 a usage error.
+Exit codes: 0 no new finding, 1 a new finding, 2 a usage error (any bad
+option, or a target that is not an allocator).
 """
 
 from __future__ import annotations
@@ -16,93 +18,67 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import logging
 import multiprocessing
 import os
-import random
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set
 
-import hypothesis.core
-from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
-from hypothesis.stateful import run_state_machine_as_test
 
-from .machine import Stats, make_machine
+from ..spec.semantics import DEFAULT, PRESETS
+from .findings import explain, read_baseline, write_traces
 from .profiles import PROFILES, default_profile, profile_settings
-from .targets import DEFAULT_TARGET, KINDS, TargetError, _load, resolve_target
-from .trace import render
-from .violations import Violation
-
-BATCH_EXAMPLES = 25
-
-
-@dataclass
-class Outcome:
-    """What one campaign (one process) found."""
-
-    steps: int = 0
-    examples: int = 0
-    seconds: float = 0.0
-    coverage: Counter[str] = field(default_factory=Counter)
-    violations: List[Dict[str, Any]] = field(default_factory=list)
-
-    def to_json(self) -> Dict[str, Any]:
-        """The outcome as a JSON object (the ``--json`` report)."""
-        return {
-            "steps": self.steps,
-            "examples": self.examples,
-            "seconds": round(self.seconds, 3),
-            "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else 0.0,
-            "coverage": dict(sorted(self.coverage.items())),
-            "violations": self.violations,
-        }
-
-    def merge(self, other: Outcome) -> None:
-        """Add another worker's outcome (its time runs in parallel)."""
-        self.steps += other.steps
-        self.examples += other.examples
-        self.seconds = max(self.seconds, other.seconds)
-        self.coverage.update(other.coverage)
-        self.violations += other.violations
+from .search import Budget, Outcome, SearchOptions, search
+from .targets import (
+    DEFAULT_TARGET,
+    KINDS,
+    Target,
+    TargetError,
+    check_allocator,
+    load_object,
+    resolve_target,
+)
 
 
-def open_database(spec: Optional[str]) -> Optional[ExampleDatabase]:
-    """The example database ``spec`` names: None, a directory, or
-    ``redis://HOST:PORT`` (needs the ``redis`` package)."""
-    if spec is None:
-        return None
-    if spec.startswith("redis://"):
-        import redis
-        from hypothesis.extra.redis import RedisExampleDatabase
-
-        return RedisExampleDatabase(redis.Redis.from_url(spec),
-                                    expire_after=datetime.timedelta(days=30))
-    return DirectoryBasedExampleDatabase(spec)
+class UsageError(ValueError):
+    """An option of the command line cannot be used (exit code 2)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prefixcache fuzz``."""
     parser.add_argument("--target", default=DEFAULT_TARGET, metavar="MODULE:CLASS",
-                        help="the allocator to judge (default: prefixcache.impl)")
+                        help="the allocator to judge: MODULE:CLASS, or vllm==0.8.5 for vLLM's "
+                        "own (default: prefixcache.impl)")
     parser.add_argument("--kind", choices=KINDS, default=None,
                         help="prefix, naive or cpu_gpu (default: guessed from the class)")
     parser.add_argument("--hash-algo", default=None, metavar="builtin|sha256|MODULE:FUNCTION",
                         help="the target's hash_algo constructor argument (default: its own)")
     parser.add_argument("--relaxed", action="store_true",
                         help="accept any free id the spec allows (default: vLLM's id order)")
+    parser.add_argument("--semantics", choices=sorted(PRESETS), default=DEFAULT,
+                        help="whose rule decides where the spec names two (default: "
+                        "prefixcache; vllm-0.8.5 takes vLLM 0.8.5's)")
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--seconds", type=float, default=None, help="time budget")
+    budget.add_argument("--seconds", type=float, default=None,
+                        help="time budget of the whole run, shrinking included")
     budget.add_argument("--examples", type=int, default=None, help="example budget")
     budget.add_argument("--steps", type=int, default=None,
                         help="step budget (whole batches of examples: a few more are run)")
+    parser.add_argument("--max-findings", type=int, default=10, metavar="N",
+                        help="stop after N distinct new findings (default 10)")
+    parser.add_argument("--stop-at-first", action="store_true",
+                        help="stop at the first finding (as --max-findings 1)")
+    parser.add_argument("--baseline", default=None, metavar="REPORT.json",
+                        help="an earlier --json report: its findings are known, only new "
+                        "ones fail the run")
+    parser.add_argument("--call-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a call of the target that runs longer is a hang (default 10; "
+                        "0: no limit)")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (default 0)")
     parser.add_argument("--no-mistakes", action="store_true",
-                        help="generate valid call sequences only")
+                        help="valid calls only: within the API's types, no row of the error table")
     parser.add_argument("--black-box", action="store_true",
                         help="compare results only, not internals and invariants")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
@@ -111,98 +87,146 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, metavar="PATH", help="write a JSON report")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
                         help="Hypothesis profile (default: ci under CI, else dev)")
-    parser.add_argument("--trace-out", default="prefixcache-failure.trace.json",
-                        metavar="PATH", help="where to save the failing trace")
+    parser.add_argument("--findings-dir", default="prefixcache-findings", metavar="DIR",
+                        help="where each finding's trace is written (default "
+                        "./prefixcache-findings)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--no-shrink", action="store_true",
-                        help="stop at the first violation, unshrunk (shrinking can take minutes)")
+                        help="report findings as found, unshrunk")
+
+
+# -- checking the options -------------------------------------------------------
 
 
 def target_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The constructor options ``--hash-algo`` asks for: ``{}`` without it,
     else ``hash_algo`` as a name ("builtin", "sha256"), a function named
-    ``MODULE:FUNCTION``, or a callable given directly (from Python)."""
+    ``MODULE:FUNCTION``, or a callable given directly (from Python).
+    UsageError for any other value."""
     algo = getattr(args, "hash_algo", None)
     if algo is None:
         return {}
     if isinstance(algo, str) and ":" in algo:
-        algo = _load(algo)
+        try:
+            algo = load_object(algo)
+        except TargetError as exc:
+            raise UsageError(f"--hash-algo {args.hash_algo}: {exc}") from exc
+        if not callable(algo):
+            raise UsageError(f"--hash-algo {args.hash_algo} is not a function")
+    elif isinstance(algo, str) and algo not in ("builtin", "sha256"):
+        raise UsageError(f"--hash-algo must be builtin, sha256 or MODULE:FUNCTION, got {algo!r}")
     return {"hash_algo": algo}
 
 
-def _campaign(args: argparse.Namespace, worker: int, progress: Any = None) -> Outcome:
-    """Run one worker's campaign; return what it found."""
-    logging.getLogger("prefixcache").setLevel(logging.ERROR)  # refused resets are expected
+def open_database(spec: Optional[str]) -> Optional[ExampleDatabase]:
+    """The example database ``spec`` names: None, a directory, or
+    ``redis://HOST:PORT[/DB]`` (needs the ``redis`` package; the server
+    must answer).  UsageError when it cannot be used."""
+    if spec is None:
+        return None
+    if spec.startswith("redis://"):
+        try:
+            import redis
+            from hypothesis.extra.redis import RedisExampleDatabase
+        except ImportError as exc:
+            raise UsageError(f"--database {spec} needs the redis package "
+                             "(pip install redis)") from exc
+        client = redis.Redis.from_url(spec, socket_connect_timeout=3, socket_timeout=10)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise UsageError(f"--database {spec}: cannot reach the Redis server "
+                             f"({type(exc).__name__}: {exc})") from exc
+        return RedisExampleDatabase(client, expire_after=datetime.timedelta(days=30))
+    if Path(spec).exists() and not Path(spec).is_dir():
+        raise UsageError(f"--database {spec} is a file, not a directory")
+    return DirectoryBasedExampleDatabase(spec)
+
+
+def _positive(args: argparse.Namespace) -> None:
+    for name in ("seconds", "examples", "steps"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise UsageError(f"--{name} must be > 0, got {value:g}")
+    if args.workers < 1:
+        raise UsageError("--workers must be >= 1")
+    if args.max_findings < 1:
+        raise UsageError("--max-findings must be >= 1")
+    if args.call_timeout < 0:
+        raise UsageError("--call-timeout must be >= 0 (0: no limit)")
+
+
+def configure(args: argparse.Namespace) -> Target:
+    """Check every option; return the target, built once to see that it is
+    an allocator.  UsageError (exit code 2) for anything wrong."""
+    _positive(args)
+    options = target_options(args)
+    try:
+        target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed,
+                                options=options)
+        check_allocator(target)
+    except TargetError as exc:
+        raise UsageError(str(exc)) from exc
+    open_database(args.database)
+    if args.baseline is not None:
+        try:
+            read_baseline(Path(args.baseline))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    return target
+
+
+# -- running -----------------------------------------------------------------------
+
+
+def search_with(args: argparse.Namespace, worker: int = 0,
+                progress: Optional[Callable[[Outcome], None]] = None) -> Outcome:
+    """One worker's search, as the options (checked by :func:`configure`) ask."""
     target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed,
                             options=target_options(args))
-    stats = Stats()
-    machine = make_machine(target, mistakes=not args.no_mistakes,
-                           white_box=not args.black_box, stats=stats)
-    base = profile_settings(args.profile or default_profile())
-    database = open_database(args.database)
-    outcome = Outcome()
-    start = time.monotonic()
-    # Seed Hypothesis's own source of per-run seeds (what it uses when no seed
-    # is forced), so a campaign is reproducible and still uses the database.
-    hypothesis.core.threadlocal._hypothesis_global_random = random.Random(
-        args.seed * 1_000_003 + worker)
-    budget_steps = getattr(args, "steps", None)
-    budget_examples = args.examples if args.examples is not None else (
-        None if args.seconds is not None or budget_steps is not None else base.max_examples)
-    while True:
-        elapsed = time.monotonic() - start
-        if args.seconds is not None and elapsed >= args.seconds:
-            break
-        if budget_steps is not None and stats.steps >= budget_steps:
-            break
-        if budget_examples is not None and stats.examples >= budget_examples:
-            break
-        size = BATCH_EXAMPLES
-        if budget_examples is not None:
-            size = max(1, min(size, budget_examples - stats.examples))
-        run_settings = settings(base, max_examples=size, database=database, derandomize=False,
-                                print_blob=False)
-        if getattr(args, "no_shrink", False):
-            run_settings = settings(run_settings, report_multiple_bugs=False, phases=[
-                p for p in run_settings.phases if p not in (Phase.shrink, Phase.explain)])
-        try:
-            run_state_machine_as_test(machine, settings=run_settings)
-        except Violation as violation:
-            outcome.violations.append(_report(violation, args))
-            break
-        except Exception as exc:  # several distinct failures, or a bug of ours
-            found = [e for e in getattr(exc, "exceptions", []) if isinstance(e, Violation)]
-            if not found:
-                raise
-            outcome.violations += [_report(v, args) for v in found]
-            break
-        finally:
-            if progress is not None:
-                progress(stats)
-    outcome.steps, outcome.examples = stats.steps, stats.examples
-    outcome.coverage = stats.coverage
-    outcome.seconds = time.monotonic() - start
-    return outcome
+    budget = Budget(seconds=args.seconds, examples=args.examples, steps=args.steps,
+                    max_findings=1 if args.stop_at_first else args.max_findings)
+    if budget.seconds is None and budget.examples is None and budget.steps is None:
+        budget.examples = profile_settings(args.profile or default_profile()).max_examples
+    options = SearchOptions(
+        mistakes=not args.no_mistakes, white_box=not args.black_box,
+        semantics=PRESETS[args.semantics], call_timeout=args.call_timeout or None,
+        base=profile_settings(args.profile or default_profile()),
+        database=open_database(args.database), shrink=not args.no_shrink, seed=args.seed,
+        worker=worker)
+    known: Set[str] = read_baseline(Path(args.baseline)) if args.baseline else set()
+    return search(target, budget, options, known=known, progress=progress)
 
 
-def _report(violation: Violation, args: argparse.Namespace) -> Dict[str, Any]:
-    trace = violation.trace
-    entry = violation.to_json()
-    if trace is not None:
-        entry["trace"] = trace.to_json()
-        entry["program"] = render(trace)
-        path = Path(args.trace_out)
-        trace.save(path)
-        entry["trace_file"] = str(path)
-    return entry
+def _describe(outcome: Outcome, elapsed: float, workers: int = 1) -> str:
+    steps = outcome.stats.steps
+    who = f"{workers} workers: " if workers > 1 else ""
+    return (f"{who}{steps} steps, {steps / max(elapsed, 1e-9):.0f} steps/s, "
+            f"{outcome.stats.examples} examples, {len(outcome.findings)} findings")
+
+
+def _run_single(args: argparse.Namespace) -> Outcome:
+    from rich.progress import Progress
+
+    with Progress(disable=args.quiet or not sys.stdout.isatty(), transient=True) as bar:
+        task = bar.add_task("fuzzing", total=args.seconds or None)
+        start = time.monotonic()
+
+        def progress(outcome: Outcome) -> None:
+            elapsed = time.monotonic() - start
+            bar.update(task, completed=min(elapsed, args.seconds or elapsed),
+                       description=_describe(outcome, elapsed))
+
+        return search_with(args, int(os.environ.get("PREFIXCACHE_WORKER", "0")), progress)
 
 
 def _worker(args: argparse.Namespace, worker: int, queue: Any) -> None:
-    def progress(stats: Stats) -> None:
-        queue.put(("progress", worker, stats.steps, stats.examples))
+    def progress(outcome: Outcome) -> None:
+        queue.put(("progress", worker, outcome.stats.steps, outcome.stats.examples,
+                   len(outcome.findings)))
 
     try:
-        queue.put(("done", worker, _campaign(args, worker, progress)))
+        queue.put(("done", worker, search_with(args, worker, progress)))
     except BaseException as exc:  # reported to the parent, which exits non-zero
         queue.put(("error", worker, f"{type(exc).__name__}: {exc}"))
 
@@ -216,32 +240,45 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
     for proc in procs:
         proc.start()
     total = Outcome()
-    seen: Dict[int, Tuple[int, int]] = {}
+    seen: Dict[int, tuple[int, int, int]] = {}
     pending = set(range(args.workers))
-    with Progress(disable=args.quiet, transient=True) as bar:
+    errors: List[str] = []
+    with Progress(disable=args.quiet or not sys.stdout.isatty(), transient=True) as bar:
         task = bar.add_task("fuzzing", total=args.seconds or None)
         start = time.monotonic()
         while pending:
             kind, worker, *payload = queue.get()
             if kind == "progress":
-                seen[worker] = tuple(payload)
-                steps = sum(s for s, _ in seen.values())
-                examples = sum(e for _, e in seen.values())
+                seen[worker] = (payload[0], payload[1], payload[2])
                 elapsed = time.monotonic() - start
+                steps, examples, found = (sum(v[k] for v in seen.values()) for k in range(3))
                 bar.update(task, completed=min(elapsed, args.seconds or elapsed),
                            description=f"{args.workers} workers: {steps} steps, "
                            f"{steps / max(elapsed, 1e-9):.0f} steps/s, {examples} examples, "
-                           f"{len(total.violations)} violations")
+                           f"{found} findings")
             elif kind == "done":
                 total.merge(payload[0])
                 pending.discard(worker)
             else:
                 pending.discard(worker)
-                total.violations.append({"category": "crash", "message": payload[0],
-                                         "trace": None})
+                errors.append(f"worker {worker}: {payload[0]}")
     for proc in procs:
         proc.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
     return total
+
+
+def report(outcome: Outcome, args: argparse.Namespace) -> Dict[str, Any]:
+    """The JSON report of a campaign."""
+    data: Dict[str, Any] = {"target": args.target, "semantics": args.semantics,
+                            "mistakes": not args.no_mistakes, "seed": args.seed,
+                            "workers": args.workers, "baseline": args.baseline}
+    data.update(outcome.to_json())
+    data["findings"] = [f.to_json() for f in outcome.findings.in_order()]
+    data["known"] = [{"signature": sig, "seen": n}
+                     for sig, n in sorted(outcome.stats.known_seen.items())]
+    return data
 
 
 def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
@@ -249,65 +286,69 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(stderr=False)
+    console = Console(stderr=False, highlight=False)
     data = outcome.to_json()
     algo = getattr(args, "hash_algo", None)
-    console.print(f"[bold]prefixcache fuzz[/] target={args.target} "
-                  + (f"hash_algo={algo} " if algo else "")
+    console.print(f"[bold]prefixcache fuzz[/] target={escape(args.target)} "
+                  + (f"hash_algo={escape(str(algo))} " if algo else "")
+                  + f"semantics={args.semantics} "
+                  + ("no-mistakes " if args.no_mistakes else "")
                   + f"workers={args.workers} seed={args.seed}")
     console.print(f"steps: {data['steps']}  examples: {data['examples']}  "
-                  f"seconds: {data['seconds']}  steps/s: {data['steps_per_second']}")
+                  f"seconds: {data['seconds']} (shrinking {data['shrink_seconds']})  "
+                  f"steps/s: {data['steps_per_second']}  stopped: {data['stopped_because']}")
     table = Table(title="coverage (transitions and states reached)")
     table.add_column("label")
     table.add_column("count", justify="right")
-    for label, count in sorted(outcome.coverage.items()):
-        table.add_row(label, str(count))
+    for label, count in sorted(outcome.stats.coverage.items()):
+        table.add_row(escape(label), str(count))
     console.print(table)
-    if not outcome.violations:
-        console.print("[green]no violation[/]")
-    for violation in outcome.violations:
-        console.print(f"[red]VIOLATION[/] {escape(violation['category'])}: "
-                      f"{escape(violation['message'])}")
-        if violation.get("program"):
-            console.print("shortest failing program found:")
-            console.print(violation["program"], markup=False, highlight=False)
-        if violation.get("trace_file"):
-            console.print(f"trace saved to {violation['trace_file']}; re-run it with "
-                          f"`prefixcache replay {violation['trace_file']}`")
+    log = outcome.log
+    if log.lines:
+        kinds = "; ".join(f"{n} x {level} {name}: {message!r}"
+                          for (name, level, message), n in log.counts.most_common(3))
+        console.print(f"target log: {log.lines} lines, not printed ({escape(kinds)})")
+    for signature, count in sorted(outcome.stats.known_seen.items()):
+        console.print(f"known finding met again {count} times: {escape(signature)}")
+    findings = outcome.findings.in_order()
+    if not findings:
+        console.print("[green]no new finding[/]")
+    if outcome.left_out:
+        console.print(f"stopped at --max-findings {args.max_findings}: {outcome.left_out} more "
+                      "distinct findings of the last batch are left out")
+    for number, finding in enumerate(findings, start=1):
+        v = finding.violation
+        console.print(f"[red]FINDING {number}[/] {escape(finding.signature)}")
+        console.print(f"  {escape(v.message)}", highlight=False)
+        if finding.explanation is not None:
+            console.print(f"  {escape(finding.explanation.sentence())}")
+        if v.trace is not None:
+            from .trace import render
+
+            state = "shrunk" if finding.shrunk else "not shrunk"
+            console.print(f"  the program ({len(v.trace.steps)} steps, {state}):")
+            console.print("    " + render(v.trace).replace("\n", "\n    "), markup=False)
+        if finding.trace_file:
+            console.print(f"  trace: {finding.trace_file}; re-run it with "
+                          f"`prefixcache replay {finding.trace_file}`")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the campaign; print the summary; 0 clean, 1 violation, 2 usage error."""
-    if args.workers < 1:
-        print("prefixcache fuzz: --workers must be >= 1", file=sys.stderr)
-        return 2
+    """Run the campaign; print the summary; 0 no new finding, 1 a new
+    finding, 2 a usage error."""
     try:
-        resolve_target(args.target, kind=args.kind, options=target_options(args))
-    except TargetError as exc:
+        target = configure(args)
+    except UsageError as exc:
         print(f"prefixcache fuzz: {exc}", file=sys.stderr)
         return 2
-    if args.workers == 1:
-        outcome = _run_single(args)
-    else:
-        outcome = _run_workers(args)
+    outcome = _run_single(args) if args.workers == 1 else _run_workers(args)
+    findings = outcome.findings.in_order()
+    for finding in findings:
+        finding.explanation = explain(finding, target, PRESETS[args.semantics],
+                                      white_box=not args.black_box,
+                                      call_timeout=args.call_timeout or None)
+    write_traces(findings, Path(args.findings_dir))
     _print_summary(outcome, args)
     if args.json:
-        Path(args.json).write_text(json.dumps(outcome.to_json(), indent=1) + "\n")
-    return 1 if outcome.violations else 0
-
-
-def _run_single(args: argparse.Namespace) -> Outcome:
-    from rich.progress import Progress
-
-    with Progress(disable=args.quiet or not sys.stdout.isatty(), transient=True) as bar:
-        task = bar.add_task("fuzzing", total=args.seconds or None)
-        start = time.monotonic()
-
-        def progress(stats: Stats) -> None:
-            elapsed = time.monotonic() - start
-            bar.update(task, completed=min(elapsed, args.seconds or elapsed),
-                       description=f"{stats.steps} steps, "
-                       f"{stats.steps / max(elapsed, 1e-9):.0f} steps/s, "
-                       f"{stats.examples} examples, 0 violations")
-
-        return _campaign(args, int(os.environ.get("PREFIXCACHE_WORKER", "0")), progress)
+        Path(args.json).write_text(json.dumps(report(outcome, args), indent=1) + "\n")
+    return 1 if findings else 0

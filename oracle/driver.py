@@ -11,9 +11,16 @@ and compares:
 * white-box, where the target has vLLM-shaped internals: the whole abstract
   state (through the spec's abstraction function) and every invariant.
 
-A caller mistake (the model raises a ``CallerError``) must raise the same
-class in the target and leave its state exactly as it was.  Anything else
-raises :class:`~prefixcache.oracle.violations.Violation` with a category.
+A refusal is judged by its role, with the target's own classes: a
+caller mistake (the model raises a ``CallerError``) must raise the same
+class in the target (any exception under the option
+``any_mistake_exception``) and a request for which no id is free must raise
+``NoFreeBlocksError``, prefixcache's or the one the target's own classes
+publish as ``BlockAllocator.NoFreeBlocksError``; either way the target's
+state must be exactly as it was.  Anything else raises
+:class:`~prefixcache.oracle.violations.Violation` with a category, the
+operation and the rule broken.  Every call of the target runs under the
+call timeout: one that does not return in time is a ``hang``.
 """
 
 from __future__ import annotations
@@ -33,8 +40,10 @@ from ..spec.abstraction import (
     is_prefix_caching,
 )
 from ..spec.invariants import check_all
-from ..spec.state import AbstractState, ContentKey
-from .mistakes import SPECIAL_OPS, call_special
+from ..spec.semantics import PREFIXCACHE, Semantics
+from ..spec.state import AbstractState, BlockState, ContentKey
+from .call_timeout import CallTimeout, time_limit
+from .mistakes import SPECIAL_OPS, OracleError, call_special
 from .targets import Target
 from .trace import BLOCK_ARGS, BLOCK_LIST_ARGS, Step, Trace
 from .violations import Violation
@@ -54,6 +63,24 @@ class FOREIGN:
     """Marker value: the argument is a Block of another allocator."""
 
 
+def no_free_classes(*allocators: Any) -> Tuple[type, ...]:
+    """prefixcache's ``NoFreeBlocksError`` and every ``NoFreeBlocksError``
+    the allocators' own classes publish: a nested class of a class in their
+    MRO (vLLM's ``BlockAllocator.NoFreeBlocksError``), or of a class the
+    modules of those classes define or import (``BlockAllocator`` beside a
+    ``CpuGpuBlockAllocator``)."""
+    found: Dict[type, None] = {err.NoFreeBlocksError: None}
+    for allocator in allocators:
+        for klass in type(allocator).__mro__:
+            owners = [klass, *vars(sys.modules.get(klass.__module__, object())).values()]
+            for owner in owners:
+                nested = getattr(owner, "__dict__", {}).get("NoFreeBlocksError") \
+                    if isinstance(owner, type) else None
+                if isinstance(nested, type) and issubclass(nested, BaseException):
+                    found[nested] = None
+    return tuple(found)
+
+
 def _device_enum(allocator: Any) -> Any:
     module = sys.modules.get(type(allocator).__module__)
     device = getattr(module, "Device", None)
@@ -68,19 +95,29 @@ class Driver:
     """A target and its model in lockstep, judged after every step.
 
     ``white_box`` compares abstract states and invariants where the target
-    has vLLM-shaped internals; ``mistakes_only_raise`` (for targets that
-    promise only valid sequences) is not needed here: the state machine
-    simply does not generate mistakes then."""
+    has vLLM-shaped internals; ``semantics`` picks the rule of each option
+    (the model follows it, refusals are judged by it); ``mistakes=False``
+    promises valid calls only (a step the model refuses as a caller mistake
+    is then a bug of the oracle: OracleError); ``call_timeout`` (seconds,
+    None for none) bounds each call of the target."""
 
     def __init__(self, target: Target, num_blocks: int, block_size: int, *,
-                 white_box: bool = True, check_model: bool = False) -> None:
+                 white_box: bool = True, check_model: bool = False,
+                 semantics: Semantics = PREFIXCACHE, mistakes: bool = True,
+                 call_timeout: Optional[float] = None) -> None:
         self.target = target
         self.kind = target.kind
+        self.semantics = semantics
+        self.mistakes = mistakes
+        self.call_timeout = call_timeout
         self.trace = Trace(num_blocks=num_blocks, block_size=block_size, kind=target.kind,
-                           target=target.name, strict=target.strict)
+                           target=target.name, strict=target.strict,
+                           semantics=semantics.to_json())
+        self._op = "__init__"
         self.allocator = self._guard("construct the target", lambda: target.make(num_blocks,
                                                                                   block_size))
-        options: Dict[str, Any] = {"strict": target.strict, "check_invariants": check_model}
+        options: Dict[str, Any] = {"strict": target.strict, "check_invariants": check_model,
+                                   "semantics": semantics}
         self.model: Any
         if self.kind == "cpu_gpu":
             self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
@@ -99,6 +136,10 @@ class Driver:
         self.events: Counter[str] = Counter()
         self.ledger = ContentLedger()
         self._white = white_box and self._has_internals()
+        #: compare abstract states and invariants after each step (white-box
+        #: targets only); a caller may switch it off for steps on states too
+        #: big to read every step (the machine's thousand-block chains)
+        self.state_checks = True
         self._before: Optional[Dict[str, AbstractState]] = None
         self._counter = 0
         self.refused: Optional[str] = None
@@ -106,6 +147,8 @@ class Driver:
         self._previous_model_states: Optional[Dict[str, AbstractState]] = None
         self.step_events: List[str] = []
         self._foreign: Optional[Tuple[Any, Any]] = None
+        self._no_free = no_free_classes(self.allocator, *self._sub_allocators().values()) \
+            if self._white else no_free_classes(self.allocator)
         if self._white:
             self._before = self._target_states()
 
@@ -119,14 +162,26 @@ class Driver:
     def _step_no(self) -> int:
         return len(self.trace.steps) - 1
 
-    def _fail(self, category: str, message: str) -> Violation:
-        return Violation(category, message, self._step_no())
+    def _fail(self, category: str, message: str, rule: str) -> Violation:
+        return Violation(category, message, self._step_no(), operation=self._op, rule=rule)
+
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        """``call()`` under the call timeout (a ``hang`` when it runs past)."""
+        try:
+            with time_limit(self.call_timeout):
+                return call()
+        except CallTimeout as exc:
+            raise self._fail("hang", f"{self._op} did not return within "
+                             f"{self.call_timeout:g} s", "timeout") from exc
 
     def _guard(self, what: str, call: Callable[[], Any]) -> Any:
         try:
-            return call()
+            return self._timed(call)
+        except Violation:
+            raise
         except Exception as exc:  # the target crashed outside any step
-            raise Violation("crash", f"{what}: {type(exc).__name__}: {exc}") from exc
+            raise self._fail("crash", f"{what}: {type(exc).__name__}: {exc}",
+                             f"raised-{type(exc).__name__}") from exc
 
     def _has_internals(self) -> bool:
         alloc = self.allocator
@@ -297,6 +352,7 @@ class Driver:
         self.step_events = []
         self._previous_model_states = self._model_states
         self._model_states = None
+        self._op = step.op
         self._event(f"op:{step.op}")
         t_args = self._args(step, "target")
         m_args = self._args(step, "model")
@@ -304,9 +360,11 @@ class Driver:
         t_exc: Optional[BaseException] = None
         t_res: Any = None
         try:
-            t_res = self._call("target", step.op, dict(t_args))
-        except RecursionError as exc:
-            t_exc = exc
+            t_res = self._timed(lambda: self._call("target", step.op, dict(t_args)))
+        except Violation as violation:  # a hang
+            self.trace.violation = violation.to_json()
+            violation.trace = self.trace
+            raise
         except Exception as exc:
             t_exc = exc
         if not self.target.strict and t_exc is None:
@@ -320,7 +378,7 @@ class Driver:
         except ChoiceNotAllowed as exc:
             raise self._fail("conformance", f"{step.op}: the target took id {exc.chosen}, "
                              f"which the spec does not allow here (allowed: "
-                             f"{sorted(exc.allowed)})") from exc
+                             f"{sorted(exc.allowed)})", "free-id-choice") from exc
         except (err.PrefixCacheError, NotImplementedError) as exc:
             m_exc = exc
         try:
@@ -352,7 +410,7 @@ class Driver:
             self.blocks[name].block_id = self.handles[name].block_id = block_id
             if changed and refused:
                 raise self._fail("robustness", f"{step.op} was refused but changed the id "
-                                 f"of block {name} (given {tampered})")
+                                 f"of block {name} (given {tampered})", "changed:block-id")
 
     def _check_integrity_of(self, step: Step, t_res: Any) -> None:
         """A call the spec refused but the target answered with Blocks: are
@@ -364,41 +422,60 @@ class Driver:
             self.ledger.observe_blocks(blocks)
             if self.ledger.collisions:
                 raise self._fail("integrity", f"{step.op}: the target answered through a "
-                                 "hash collision: " + "; ".join(self.ledger.anomalies()))
+                                 "hash collision: " + "; ".join(self.ledger.anomalies()),
+                                 "collision")
         for block in blocks:
             held = self._content_in_use_before(getattr(block, "block_id", None))
             if held is not None:
                 raise self._fail("integrity", f"{step.op}: the target answered with id "
-                                 f"{block.block_id}, which holds other content {held!r}")
+                                 f"{block.block_id}, which holds other content {held!r}",
+                                 "other-content")
 
     def _judge_refusal(self, step: Step, m_exc: BaseException,
                        t_exc: Optional[BaseException], t_res: Any = None) -> None:
         expected = type(m_exc)
-        self.refused = expected.__name__
+        name = expected.__name__
+        self.refused = name
         mistake = isinstance(m_exc, err.CallerError)
+        if mistake and not self.mistakes:
+            raise OracleError(f"{step.op}: a caller mistake ({name}: {m_exc}) was made "
+                              "although mistakes are off")
         category = "robustness" if mistake else "conformance"
-        self._event("caller-mistake" if mistake else f"refused:{expected.__name__}")
+        self._event("caller-mistake" if mistake else f"refused:{name}")
         if t_exc is None:
             self._check_integrity_of(step, t_res)
-            raise self._fail(category, f"{step.op}: the spec raises {expected.__name__} "
-                             f"({m_exc}), the target accepted the call")
-        if not isinstance(t_exc, expected):
-            raise self._fail(category, f"{step.op}: the spec raises {expected.__name__} "
-                             f"({m_exc}), the target raised {type(t_exc).__name__}: {t_exc}")
+            raise self._fail(category, f"{step.op}: the spec raises {name} "
+                             f"({m_exc}), the target accepted the call", f"no-{name}")
+        if not self._accepts(m_exc, t_exc):
+            raise self._fail(category, f"{step.op}: the spec raises {name} "
+                             f"({m_exc}), the target raised {type(t_exc).__name__}: {t_exc}",
+                             f"not-{name}")
         self._compare_after(step, unchanged=True)
+
+    def _accepts(self, m_exc: BaseException, t_exc: BaseException) -> bool:
+        """Whether the target's exception plays the role of the model's: a
+        NoFreeBlocksError of prefixcache or of the target's own classes; for
+        a caller mistake the same class, or any exception under the option
+        ``any_mistake_exception``; else the same class."""
+        if isinstance(m_exc, err.NoFreeBlocksError):
+            return isinstance(t_exc, self._no_free)
+        if isinstance(m_exc, err.CallerError) and self.semantics.any_mistake_exception:
+            return isinstance(t_exc, Exception)
+        return isinstance(t_exc, type(m_exc))
 
     def _judge_success(self, step: Step, t_res: Any, t_exc: Optional[BaseException],
                        m_res: Any) -> None:
         if t_exc is not None:
-            category = "conformance" if isinstance(t_exc, API_EXCEPTIONS) else "crash"
+            category = "conformance" if isinstance(t_exc, API_EXCEPTIONS + self._no_free) \
+                else "crash"
             raise self._fail(category, f"{step.op}: a valid call raised "
-                             f"{type(t_exc).__name__}: {t_exc}")
+                             f"{type(t_exc).__name__}: {t_exc}", f"raised-{type(t_exc).__name__}")
         if step.op in BLOCK_RESULTS:
             t_list = t_res if isinstance(t_res, list) else [t_res]
             m_list = m_res if isinstance(m_res, list) else [m_res]
             if len(t_list) != len(m_list):
                 raise self._fail("conformance", f"{step.op}: {len(t_list)} blocks returned, "
-                                 f"the spec gives {len(m_list)}")
+                                 f"the spec gives {len(m_list)}", "result")
             names = step.out or [self._new_name() for _ in t_list]
             step.out = names
             for name, block, handle in zip(names, t_list, m_list):
@@ -415,7 +492,7 @@ class Driver:
             if list(t_res) != query[:len(m_res)]:
                 raise self._fail("conformance", f"find_cached_blocks_prefix: the target "
                                  f"found {len(t_res)} cached blocks, the spec "
-                                 f"{len(m_res)}")
+                                 f"{len(m_res)}", "result")
             return
         if isinstance(m_res, float) or isinstance(t_res, float):
             same = isinstance(t_res, (int, float)) and math.isclose(
@@ -428,7 +505,7 @@ class Driver:
             same = t_res == m_res
         if not same:
             raise self._fail("conformance", f"{step.op}: the target answered {t_res!r}, "
-                             f"the spec {m_res!r}")
+                             f"the spec {m_res!r}", "result")
 
     # -- comparing the states --------------------------------------------------------------
 
@@ -477,21 +554,22 @@ class Driver:
                     if self.ledger.collisions:
                         raise self._fail("integrity", f"{step.op}: block {name} got id "
                                          f"{t_id} through a hash collision: "
-                                         + "; ".join(self.ledger.anomalies()))
+                                         + "; ".join(self.ledger.anomalies()), "collision")
                 if key is not None and held is not None and held != key:
                     raise self._fail("integrity", f"{step.op}: block {name} holds content "
                                      f"{key!r} but the target gave it id {t_id}, which "
-                                     f"holds {held!r}")
+                                     f"holds {held!r}", "other-content")
                 category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name} has id {t_id} "
-                                 f"in the target, {m_id} in the spec")
+                                 f"in the target, {m_id} in the spec", "block-id")
         for label, (t_free, m_free) in self._free_counts().items():
             if t_free != m_free:
                 category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks"
-                                 f"({label}) is {t_free} in the target, {m_free} in the spec")
+                                 f"({label}) is {t_free} in the target, {m_free} in the spec",
+                                 "free-count")
         self._record_contents()
-        if self._white:
+        if self._white and self.state_checks:
             self._compare_states(step, unchanged)
         self._note_events()
 
@@ -520,32 +598,39 @@ class Driver:
                 states[label] = abstract_state(alloc, ledger=self.ledger, live_blocks=mine)
             except AbstractionError as exc:
                 raise self._fail("integrity", f"the target caches a hash that no block "
-                                 f"spells: {exc}") from exc
+                                 f"spells: {exc}", "unnamed-hash") from exc
         return states
 
     def _compare_states(self, step: Step, unchanged: bool) -> None:
         states = self._target_states()  # feeds the ledger first
         if self.ledger.collisions or self.ledger.conflicts:
-            raise self._fail("integrity", "; ".join(self.ledger.anomalies()))
+            raise self._fail("integrity", "; ".join(self.ledger.anomalies()),
+                             "collision" if self.ledger.collisions else "shared-id")
         models = self.model_states()
         live = self._live_target_blocks()
         for label, state in states.items():
             if unchanged and self._before is not None and label in self._before:
-                diff = _first_difference(self._before[label], state, ordered_free=True)
+                # the option failed_query_counted lets a refusal count its queries
+                # (the comparison with the model below checks how many)
+                counted = self.semantics.failed_query_counted and self.refused is not None \
+                    and self.refused == err.NoFreeBlocksError.__name__
+                part, diff = _first_difference(self._before[label], state, ordered_free=True,
+                                               ignore=("hits", "misses") if counted else ())
                 if diff:
                     raise self._fail("robustness", f"{step.op} was refused but changed the "
-                                     f"state: {diff}")
+                                     f"state: {diff}", f"changed:{part}")
             owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
                              if b.block_id in state.blocks)
             broken = check_all(state, dict(owners)) if is_prefix_caching(
                 self._sub_allocators()[label]) else []
             if broken:
                 raise self._fail("invariant", f"{step.op}: the target's state breaks "
-                                 f"{', '.join(broken)}")
-            diff = _first_difference(state, models[label],
-                                     ordered_free=self.target.strict)
+                                 f"{', '.join(broken)}", broken[0])
+            part, diff = _first_difference(state, models[label],
+                                           ordered_free=self.target.strict)
             if diff:
-                raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)")
+                raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)",
+                                 f"state:{part}")
         self._before = states
 
     def _note_events(self) -> None:
@@ -606,9 +691,23 @@ def _transitions(old: AbstractState, new: AbstractState) -> List[str]:
     return sorted(set(found))
 
 
-def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool) -> str:
-    """A sentence naming the first field where two states differ, or ''."""
+def _block_part(x: Optional[BlockState], y: Optional[BlockState]) -> str:
+    """Which part of one id's state differs: ``presence`` (free on one
+    side) or the first field of :class:`BlockState` that differs."""
+    if x is None or y is None:
+        return "presence"
+    return next(f.name for f in fields(BlockState) if getattr(x, f.name) != getattr(y, f.name))
+
+
+def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool,
+                      ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
+    """(the part, a sentence) naming the first field, not in ``ignore``,
+    where two states differ, or ("", "") when they agree.  The part names the
+    field of :class:`AbstractState`, and for ``blocks`` the field of the id's
+    state."""
     for f in fields(AbstractState):
+        if f.name in ignore:
+            continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "free" and not ordered_free:
             x, y = sorted(x), sorted(y)
@@ -619,7 +718,8 @@ def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool)
             if x != y:
                 for i in sorted(set(x) | set(y)):
                     if x.get(i) != y.get(i):
-                        return f"id {i} is {x.get(i)} vs {y.get(i)}"
+                        return (f"blocks.{_block_part(x.get(i), y.get(i))}",
+                                f"id {i} is {x.get(i)} vs {y.get(i)}")
         if x != y:
-            return f"{f.name} is {x!r} vs {y!r}"
-    return ""
+            return f.name, f"{f.name} is {x!r} vs {y!r}"
+    return "", ""

@@ -1,44 +1,98 @@
 """The Hypothesis state machine: random call sequences, judged step by step.
 
-:func:`make_machine` builds a ``RuleBasedStateMachine`` for one target.  Its
-rules are the operations of the allocator API (one rule per operation, and
-the caller mistakes as rules of their own, switched off by
-``mistakes=False``); each rule builds a :class:`~prefixcache.oracle.trace.Step`
-and hands it to the :class:`~prefixcache.oracle.driver.Driver`, which runs it
-on the target and on the model and raises a Violation when they part.
+:class:`AllocatorMachine` is a ``RuleBasedStateMachine`` whose rules are the
+operations of the allocator API (one rule per operation, and the caller
+mistakes as a rule of their own, on only when mistakes are); each rule
+builds a :class:`~prefixcache.oracle.trace.Step` and hands it to the
+:class:`~prefixcache.oracle.driver.Driver`, which runs it on the target and
+on the model and raises a Violation when they part.  :func:`make_machine`
+gives the subclass that judges one target (its :class:`MachineConfig`).
 
-Strategies aim at the hard states in a few steps: pools of 1-6 blocks of 1-3
-tokens, tokens from {0, 1, 2}, prompts drawn from three shared "system
-prompts", timestamps 0-3 (ties and out-of-order times), two tenants (extra
-hashes None and 7).
+Strategies aim at the hard states in a few steps: pools of mostly 1-6
+blocks of 1-3 tokens (sometimes up to 32 blocks of up to 16 tokens, and now
+and then a pool of more than a thousand blocks, where a rule builds a chain
+longer than Python's recursion limit), tokens from {0, 1, 2}, prompts drawn
+from three shared "system prompts", timestamps 0-3 (ties and out-of-order
+times), two tenants (extra hashes None and 7).
+
+Search: half the examples are *swarm* examples (Groce et al., ISSTA 2012):
+each rule but ``new_sequence`` and ``caller_mistakes`` is switched off with
+probability one half, so
+that some examples never free and others never mark accesses.  Each example
+reports how many distinct transitions it reached to Hypothesis's
+``target()``, which then favours examples that reach more.
+
+A Violation whose signature the campaign already knows (a baseline entry,
+or a finding of an earlier batch) halts the example quietly: the rest of its
+steps do nothing, so the search goes on past it.  A ``hang`` is recorded
+with its trace at once and halts the example too (shrinking a call that
+takes the whole call timeout to fail would take the rest of the budget).
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Type
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Set, Type, cast
 
-from hypothesis import event
+from hypothesis import event, target
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from ..spec.semantics import Semantics
 from .driver import Driver
 from .mistakes import possible_rows, provoke, rows_for
 from .targets import Target
 from .trace import Step
+from .violations import Violation, as_finding
 
 #: Shared prompt prefixes, so that different sequences share blocks.
 PROMPTS = ((0,) * 9, (0, 1) * 5, (1, 2, 0) * 3)
 TOKENS = st.integers(0, 2)
 TIMES = st.integers(0, 3)
 TENANTS = st.sampled_from([None, None, 7])
+#: The pool of a long-chain example: room for a chain longer than Python's
+#: default recursion limit (1,000), and a few blocks more.
+LONG_POOL = 1_040
+LONG_CHAIN = 1_010
+
+
+@dataclass
+class Stats:
+    """What every machine of one campaign has done, summed."""
+
+    steps: int = 0
+    examples: int = 0
+    coverage: Counter[str] = field(default_factory=Counter)
+    #: signature -> how often a known finding halted an example
+    known_seen: Counter[str] = field(default_factory=Counter)
+    #: hangs recorded as they happened (they halt the example, unshrunk)
+    hangs: List[Violation] = field(default_factory=list)
+    #: a finding has failed the current batch (the campaign resets it)
+    failing: bool = False
+
+
+@dataclass
+class MachineConfig:
+    """What one machine class judges and how."""
+
+    target: Target
+    mistakes: bool = True
+    white_box: bool = True
+    semantics: Semantics = field(default_factory=Semantics)
+    call_timeout: Optional[float] = None
+    stats: Stats = field(default_factory=Stats)
+    #: signatures that halt an example instead of failing it (mutable:
+    #: the campaign adds each finding between batches)
+    known: Set[str] = field(default_factory=set)
+    #: time.monotonic() past which the next step ends the batch
+    #: (:class:`OutOfTime`), unless a finding has failed it (then
+    #: Hypothesis's own shrinking limit applies): a campaign's time budget
+    #: ends within one step
+    deadline: Optional[float] = None
 
 
 @dataclass
@@ -50,101 +104,176 @@ class Seq:
     device: str = "GPU"
 
 
-@dataclass
-class Stats:
-    """What every machine of one campaign has done, summed."""
-
-    steps: int = 0
-    examples: int = 0
-    coverage: Counter[str] = field(default_factory=Counter)
+class _Halted(Exception):
+    """The example met a known finding: its remaining steps do nothing."""
 
 
-def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,
-                 stats: Optional[Stats] = None) -> Type[RuleBasedStateMachine]:
-    """A state machine class that judges ``target`` against the model.
+class OutOfTime(KeyboardInterrupt):
+    """The campaign's time is up: raised through Hypothesis to end the batch
+    at once.  A KeyboardInterrupt, the one exception Hypothesis passes on
+    untouched (it neither takes it for a failure nor records the cut-off
+    example, which would make later examples look inconsistent)."""
 
-    ``mistakes`` adds the caller-mistake rules; ``white_box`` compares the
-    abstract state and the invariants where the target allows; ``stats``
-    (optional) accumulates steps, examples and coverage across runs."""
 
-    campaign = stats if stats is not None else Stats()
-    table_rows = rows_for(target.kind)
+def machine_rule(*, swarm: bool = True, **strategies: Any) -> Callable[[Callable[..., None]],
+                                                                      Any]:
+    """``@rule(**strategies)`` whose body does nothing once the example is
+    halted, and (``swarm``) which a swarm example may switch off."""
 
-    class AllocatorMachine(RuleBasedStateMachine):
-        """Drives ``target`` and the model in lockstep."""
-
-        TARGET: ClassVar[Target] = target
-        STATS: ClassVar[Stats] = campaign
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.driver: Optional[Driver] = None
-            self.seqs: List[Seq] = []
-            self.swapped: List[Seq] = []
-            self.detached: List[str] = []
-            self.history: List[List[str]] = []
-            self.mistake_rank: Optional[Dict[str, int]] = None
-            campaign.examples += 1
-
-        # -- plumbing ----------------------------------------------------------
-
-        @property
-        def d(self) -> Driver:
-            assert self.driver is not None  # set by the initialize rule
-            return self.driver
-
-        def run(self, op: str, **args: Any) -> Step:
-            step = Step(op=op, args=args)
+    def decorate(body: Callable[..., None]) -> Any:
+        @functools.wraps(body)
+        def run(self: AllocatorMachine, *args: Any, **kwargs: Any) -> None:
+            if self.halted:
+                return
             try:
-                self.d.run(step)
-            finally:
-                campaign.steps += 1
-                for label in self.d.step_events:
-                    event(label)
-                    campaign.coverage[label] += 1
-            return step
+                body(self, *args, **kwargs)
+            except _Halted:
+                pass
 
-        def ok(self) -> bool:
-            return self.d.refused is None
+        made: Any = cast(Any, rule(**strategies))(run)
+        if swarm:
+            made = precondition(lambda self: body.__name__ not in self.off)(made)
+        return made
 
-        def handle(self, name: str) -> Any:
-            return self.d.handles[name]
+    return decorate
 
-        def block_size(self) -> int:
-            return self.d.trace.block_size
 
-        def pick(self, data: st.DataObject, seqs: List[Seq]) -> Seq:
-            return seqs[data.draw(st.integers(0, len(seqs) - 1), label="which")]
+class AllocatorMachine(RuleBasedStateMachine):
+    """Drives a target and the model in lockstep (``config`` says which
+    target and how; :func:`make_machine` makes the subclass)."""
 
-        def ids(self, seq: Seq) -> List[int]:
-            return [self.handle(n).block_id for n in seq.names]
+    config: ClassVar[MachineConfig]
 
-        def _alloc_args(self, seq_device: str) -> Dict[str, Any]:
-            return {"device": seq_device} if self.d.kind == "cpu_gpu" else {}
+    def __init__(self) -> None:
+        super().__init__()
+        self.driver: Optional[Driver] = None
+        self.seqs: List[Seq] = []
+        self.swapped: List[Seq] = []
+        self.detached: List[str] = []
+        self.history: List[List[str]] = []
+        self.mistake_rank: Optional[Dict[str, int]] = None
+        self.off: frozenset[str] = frozenset()
+        self.halted = False
+        self.reached: Set[str] = set()
+        self.config.stats.examples += 1
 
-        # -- setup ---------------------------------------------------------------
+    # -- plumbing ----------------------------------------------------------
 
-        @initialize(num_blocks=st.integers(1, 6), block_size=st.integers(1, 3))
-        def setup(self, num_blocks: int, block_size: int) -> None:
-            self.driver = Driver(target, num_blocks, block_size, white_box=white_box)
+    @property
+    def d(self) -> Driver:
+        if self.driver is None:
+            raise RuntimeError("the machine has no driver before setup")
+        return self.driver
 
-        # -- valid operations -------------------------------------------------------
+    def run(self, op: str, **args: Any) -> Step:
+        """Run one step through the driver; a Violation of a known
+        signature halts the example, a hang is recorded and halts it, any
+        other is raised as a finding of its own class."""
+        if self.halted:
+            raise _Halted()
+        config = self.config
+        if (config.deadline is not None and not config.stats.failing
+                and time.monotonic() > config.deadline):
+            raise OutOfTime()
+        step = Step(op=op, args=args)
+        found: Optional[Violation] = None
+        stats = self.config.stats
+        try:
+            self.d.run(step)
+        except Violation as violation:
+            found = violation
+        finally:
+            stats.steps += 1
+            for label in self.d.step_events:
+                event(label)
+                stats.coverage[label] += 1
+                self.reached.add(label)
+        if found is not None:
+            self._judge(found)
+        return step
 
-        @rule(data=st.data())
-        def new_sequence(self, data: Any) -> None:
-            """A request: full prompt blocks (allocate_immutable_block(s)), then
-            a mutable tail block that gets the rest of the prompt."""
-            size = self.block_size()
-            prompt = data.draw(st.sampled_from(PROMPTS), label="prompt")
-            full = data.draw(st.integers(0, 3), label="full blocks")
-            tail = data.draw(st.lists(TOKENS, max_size=size - 1), label="tail")
-            extra = data.draw(TENANTS, label="extra_hash")
-            device = data.draw(st.sampled_from(["GPU", "GPU", "CPU"])) \
-                if self.d.kind == "cpu_gpu" else "GPU"
-            tokens = list((prompt * 2)[: full * size])
-            chunks = [tokens[i:i + size] for i in range(0, len(tokens), size)]
-            seq = Seq([], extra, device)
-            kw = self._alloc_args(device)
+    def _judge(self, violation: Violation) -> None:
+        known = self.config.known
+        if violation.signature in known or violation.category == "hang":
+            self.halted = True
+            if violation.signature in known:
+                self.config.stats.known_seen[violation.signature] += 1
+            else:
+                known.add(violation.signature)
+                self.config.stats.hangs.append(violation)
+            raise _Halted()
+        self.config.stats.failing = True
+        raise as_finding(violation)
+
+    def ok(self) -> bool:
+        return self.d.refused is None
+
+    def handle(self, name: str) -> Any:
+        return self.d.handles[name]
+
+    def block_size(self) -> int:
+        return self.d.trace.block_size
+
+    def pick(self, data: st.DataObject, seqs: List[Seq]) -> Seq:
+        return seqs[data.draw(st.integers(0, len(seqs) - 1), label="which")]
+
+    def ids(self, seq: Seq) -> List[int]:
+        return [self.handle(n).block_id for n in seq.names]
+
+    def _alloc_args(self, seq_device: str) -> Dict[str, Any]:
+        return {"device": seq_device} if self.d.kind == "cpu_gpu" else {}
+
+    # -- setup ---------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def begin(self, data: st.DataObject) -> None:
+        """Draw the pool (mostly tiny), the block size and, in a swarm
+        example, the rules switched off; then build the target and model."""
+        size_class = data.draw(st.integers(0, 63), label="pool size class")
+        if size_class == 63:
+            num_blocks = LONG_POOL
+        elif size_class >= 48:
+            num_blocks = data.draw(st.integers(7, 32), label="num_blocks")
+        else:
+            num_blocks = data.draw(st.integers(1, 6), label="num_blocks")
+        large = num_blocks != LONG_POOL and data.draw(st.integers(0, 7), label="size class") == 7
+        block_size = data.draw(st.integers(4, 16) if large else st.integers(1, 3),
+                               label="block_size")
+        if data.draw(st.booleans(), label="swarm"):
+            self.off = frozenset(name for name in SWARM_RULES
+                                 if data.draw(st.booleans(), label=f"{name} off"))
+        self.setup(num_blocks, block_size)
+
+    def setup(self, num_blocks: int, block_size: int) -> None:
+        """A fresh target and model of ``num_blocks`` ids of ``block_size`` tokens."""
+        config = self.config
+        self.driver = Driver(config.target, num_blocks, block_size,
+                             white_box=config.white_box, semantics=config.semantics,
+                             mistakes=config.mistakes, call_timeout=config.call_timeout)
+
+    def teardown(self) -> None:
+        """Tell Hypothesis how many distinct transitions this example reached."""
+        if self.driver is not None:
+            target(float(len(self.reached)), label="distinct transitions")
+
+    # -- valid operations -------------------------------------------------------
+
+    @machine_rule(swarm=False, data=st.data())
+    def new_sequence(self, data: Any) -> None:
+        """A request: full prompt blocks (allocate_immutable_block(s)), then
+        a mutable tail block that gets the rest of the prompt."""
+        size = self.block_size()
+        prompt = data.draw(st.sampled_from(PROMPTS), label="prompt")
+        full = data.draw(st.integers(0, 3), label="full blocks")
+        tail = data.draw(st.lists(TOKENS, max_size=size - 1), label="tail")
+        extra = data.draw(TENANTS, label="extra_hash")
+        device = data.draw(st.sampled_from(["GPU", "GPU", "CPU"])) \
+            if self.d.kind == "cpu_gpu" else "GPU"
+        tokens = list((prompt * (1 + (full * size) // len(prompt)))[: full * size])
+        chunks = [tokens[i:i + size] for i in range(0, len(tokens), size)]
+        seq = Seq([], extra, device)
+        kw = self._alloc_args(device)
+        try:
             if chunks and data.draw(st.booleans(), label="one call"):
                 step = self.run("allocate_immutable_blocks", prev_block=None,
                                 block_token_ids=chunks, extra_hash=extra, **kw)
@@ -160,333 +289,419 @@ def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = Tru
                     seq.names += step.out
             if (tail or not chunks) and len(seq.names) == len(chunks):
                 prev = seq.names[-1] if seq.names else None
-                step = self.run("allocate_mutable_block", prev_block=prev, extra_hash=extra, **kw)
+                step = self.run("allocate_mutable_block", prev_block=prev, extra_hash=extra,
+                                **kw)
                 if self.ok():
                     seq.names += step.out
                     if tail:
                         self.run("append_token_ids", block=step.out[0], token_ids=tail)
-            if seq.names:
-                self.seqs.append(seq)
-                self.history.append(seq.names)
+        finally:
+            self._hold(seq)
 
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def append(self, data: st.DataObject) -> None:
-            """Decode: append tokens to a sequence's last block (a new mutable
-            block first when it is full); filling a block promotes it, a
-            shared block is copied first."""
-            seq = self.pick(data, self.seqs)
+    def _hold(self, seq: Seq) -> None:
+        if seq.names:
+            self.seqs.append(seq)
+            self.history.append(seq.names)
+
+    @precondition(lambda self: self.d.trace.num_blocks >= LONG_POOL)
+    @machine_rule(data=st.data())
+    def long_chain(self, data: st.DataObject) -> None:
+        """A chain longer than Python's recursion limit, in one call (a long
+        document), forked, counted and asked about: every call that walks a
+        whole chain meets one too long to walk by recursion.  These steps
+        are checked black-box (results, ids, free counts: reading a state of
+        a thousand chained keys every step would cost seconds), and the
+        example ends there."""
+        size = self.block_size()
+        first = data.draw(TOKENS, label="first token")
+        chunks = [[first] + [0] * (size - 1)] + [[1] * size for _ in range(LONG_CHAIN - 1)]
+        kw = self._alloc_args("GPU")
+        self.d.state_checks = False
+        step = self.run("allocate_immutable_blocks", prev_block=None, block_token_ids=chunks,
+                        extra_hash=None, **kw)
+        if self.ok():
+            self.run("fork", last_block=step.out[-1])
+            self.run("get_num_full_blocks_touched", blocks=step.out, **kw)
+            self.run("mark_blocks_as_computed", block_ids=[])
+            self.ask_cached_prefix([n for n in step.out if n in self.d.keys], None)
+            self.run("free", block=step.out[-1])
+        self.halted = True
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def append(self, data: st.DataObject) -> None:
+        """Decode: append tokens to a sequence's last block (a new mutable
+        block first when it is full); filling a block promotes it, a
+        shared block is copied first."""
+        seq = self.pick(data, self.seqs)
+        last = self.handle(seq.names[-1])
+        if last.is_full:
+            step = self.run("allocate_mutable_block", prev_block=seq.names[-1],
+                            extra_hash=seq.extra_hash, **self._alloc_args(seq.device))
+            if not self.ok():
+                return
+            seq.names += step.out
             last = self.handle(seq.names[-1])
-            if last.is_full:
-                step = self.run("allocate_mutable_block", prev_block=seq.names[-1],
-                                extra_hash=seq.extra_hash, **self._alloc_args(seq.device))
-                if not self.ok():
-                    return
-                seq.names += step.out
-                last = self.handle(seq.names[-1])
-            room = last.num_empty_slots
-            tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
-            self.run("append_token_ids", block=seq.names[-1], token_ids=tokens)
+        room = last.num_empty_slots
+        tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
+        self.run("append_token_ids", block=seq.names[-1], token_ids=tokens)
 
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def fork(self, data: st.DataObject) -> None:
-            """Parallel sampling: a new sequence sharing every block."""
-            seq = self.pick(data, self.seqs)
-            step = self.run("fork", last_block=seq.names[-1])
+    @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
+    @machine_rule(data=st.data())
+    def block_after_partial(self, data: st.DataObject) -> None:
+        """A new block after a block that is not full, then filled: it has no
+        content hash and shares with nothing, whatever its tokens (vLLM
+        0.8.5 hashed it with None for its parent, so that two different
+        prefixes shared it)."""
+        seq = self.pick(data, [s for s in self.seqs if not self.handle(s.names[-1]).is_full])
+        step = self.run("allocate_mutable_block", prev_block=seq.names[-1],
+                        extra_hash=seq.extra_hash, **self._alloc_args(seq.device))
+        if not self.ok():
+            return
+        seq.names += step.out
+        size = self.block_size()
+        tokens = data.draw(st.lists(TOKENS, min_size=size, max_size=size), label="tokens")
+        self.run("append_token_ids", block=step.out[0], token_ids=tokens)
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        """Parallel sampling: a new sequence sharing every block."""
+        seq = self.pick(data, self.seqs)
+        step = self.run("fork", last_block=seq.names[-1])
+        if self.ok():
+            self.seqs.append(Seq(step.out, seq.extra_hash, seq.device))
+            self.history.append(step.out)
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        """A sequence ends: free its blocks (first to last, or the reverse);
+        sometimes keep the Block objects (they stay detached)."""
+        seq = self.pick(data, self.seqs)
+        self.seqs.remove(seq)
+        names = seq.names if data.draw(st.booleans(), label="forward") else seq.names[::-1]
+        keep = (self.config.mistakes and self.d.kind != "cpu_gpu"
+                and data.draw(st.booleans(), label="keep_block_object"))
+        for name in names:
+            if keep:
+                self.run("free", block=name, keep_block_object=True)
+                self.detached.append(name)
+            else:
+                self.run("free", block=name)
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def mark_accessed(self, data: st.DataObject) -> None:
+        """Record an access time for a sequence's blocks (ties and
+        out-of-order times on purpose)."""
+        seq = self.pick(data, self.seqs)
+        self.run("mark_blocks_as_accessed", block_ids=self.ids(seq),
+                 now=data.draw(TIMES, label="now"))
+
+    @machine_rule(data=st.data())
+    def mark_evictable_accessed(self, data: st.DataObject) -> None:
+        """Touch cached blocks that wait in the evictor: the evictor must
+        reorder exactly (vLLM's heap once did not)."""
+        label = "GPU" if self.d.kind == "cpu_gpu" else ""
+        waiting = [e.block_id for e in self.d.model_states()[label].evictor]
+        if not waiting:
+            return
+        ids = data.draw(st.lists(st.sampled_from(waiting), min_size=1, max_size=3,
+                                 unique=True), label="evictable ids")
+        self.run("mark_blocks_as_accessed", block_ids=ids, now=data.draw(TIMES, label="now"))
+
+    @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
+    @machine_rule(data=st.data())
+    def fork_and_diverge(self, data: st.DataObject) -> None:
+        """Parallel sampling that diverges at once: fork a sequence whose
+        last block is partial and append to the copy (copy-on-write)."""
+        seq = self.pick(data, [s for s in self.seqs if not self.handle(s.names[-1]).is_full])
+        step = self.run("fork", last_block=seq.names[-1])
+        if not self.ok():
+            return
+        copy = Seq(step.out, seq.extra_hash, seq.device)
+        self.seqs.append(copy)
+        self.history.append(copy.names)
+        room = self.handle(copy.names[-1]).num_empty_slots
+        tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
+        self.run("append_token_ids", block=copy.names[-1], token_ids=tokens)
+
+    @precondition(lambda self: any(self.handle(s.names[0]).is_full for s in self.seqs))
+    @machine_rule(data=st.data())
+    def duplicate_by_append(self, data: st.DataObject) -> None:
+        """Fill a new mutable block with the tokens of a cached first block:
+        promotion onto an already cached block (the new id is released)."""
+        seq = self.pick(data, [s for s in self.seqs if self.handle(s.names[0]).is_full])
+        tokens = list(self.handle(seq.names[0]).token_ids)
+        step = self.run("allocate_mutable_block", prev_block=None, extra_hash=seq.extra_hash,
+                        **self._alloc_args(seq.device))
+        if not self.ok():
+            return
+        copy = Seq(step.out, seq.extra_hash, seq.device)
+        self.seqs.append(copy)
+        self.history.append(copy.names)
+        self.run("append_token_ids", block=copy.names[0], token_ids=tokens)
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def mark_accessed_then_free(self, data: st.DataObject) -> None:
+        """vLLM's order at the end of a request: mark accessed, then free."""
+        self.mark_accessed(data)
+        self.free(data)
+
+    @precondition(lambda self: any(len(s.names) > 1 for s in self.seqs))
+    @machine_rule(data=st.data())
+    def age_a_prefix(self, data: st.DataObject) -> None:
+        """Give the first blocks of a sequence an older access time than
+        the rest, then free it: its prefix is evicted before its tail, so
+        a chain can be uncached in front and cached behind."""
+        seq = self.pick(data, [s for s in self.seqs if len(s.names) > 1])
+        cut = data.draw(st.integers(1, len(seq.names) - 1), label="cut")
+        ids = self.ids(seq)
+        self.run("mark_blocks_as_accessed", block_ids=ids[:cut], now=0)
+        self.run("mark_blocks_as_accessed", block_ids=ids[cut:], now=3)
+        self.seqs.remove(seq)
+        for name in seq.names:
+            self.run("free", block=name)
+
+    @machine_rule()
+    def mark_computed(self) -> None:
+        """The scheduled batch ran: touched blocks become computed."""
+        self.run("mark_blocks_as_computed", block_ids=[])
+
+    @precondition(lambda self: self.history)
+    @machine_rule(data=st.data())
+    def find_cached_prefix(self, data: st.DataObject) -> None:
+        """Ask how much of a chain (live or long freed) is cached and
+        computed; sometimes in a list reused for other chains, rewritten
+        in place (the driver's ``_reused_query``)."""
+        names = [n for n in self.pick_history(data) if n in self.d.keys]
+        slot = data.draw(st.sampled_from([None, 0]), label="reused list")
+        self.ask_cached_prefix(names, slot)
+
+    def ask_cached_prefix(self, names: List[str], slot: Optional[int]) -> None:
+        """find_cached_blocks_prefix of the chain ``names``: in the
+        chain's own list (``slot`` None) or in the list of ``slot``."""
+        args: Dict[str, Any] = {"names": names}
+        if slot is not None:
+            args["reused_list"] = slot
+        if self.d.kind == "cpu_gpu":
+            args["device"] = "GPU"
+        self.run("find_cached_blocks_prefix", **args)
+
+    @precondition(lambda self: self.history)
+    @machine_rule(data=st.data())
+    def scheduler_step(self, data: st.DataObject) -> None:
+        """As vLLM's scheduler does every step: ask how much of each recent
+        sequence (running, or preempted and waiting) is cached and computed,
+        with the sequence's own hash list, grown in place (the driver keeps
+        one list per chain), so a target that remembers the lists it was
+        asked about must see every eviction and promotion since.  Or, as a
+        scheduler that keeps one list per queue position (the newest
+        sequence first), in the list of the sequence's position: as a
+        sequence arrives, every list is rewritten with another chain."""
+        per_position = data.draw(st.booleans(), label="a list per position")
+        for position, chain in enumerate(reversed(self.history[-6:])):
+            names = [n for n in chain if n in self.d.keys]
+            self.ask_cached_prefix(names, position if per_position else None)
+
+    def pick_history(self, data: st.DataObject) -> List[str]:
+        return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
+
+    @machine_rule(data=st.data())
+    def common_computed(self, data: st.DataObject) -> None:
+        """The common prefix of some sequences' id lists.  When mistakes are
+        on and the semantics accept any sequence (not ``lists_only``), some
+        of them are tuples: the argument may mix the two."""
+        tuples = self.config.mistakes and not self.config.semantics.lists_only
+        k = data.draw(st.integers(0, min(3, len(self.seqs))), label="how many")
+        lists: List[Sequence[int]] = []
+        for _ in range(k):
+            ids = self.ids(self.pick(data, self.seqs))
+            ids = ids[: data.draw(st.integers(0, len(ids)), label="cut")]
+            lists.append(tuple(ids) if tuples and data.draw(st.booleans(), label="a tuple")
+                         else ids)
+        self.run("get_common_computed_block_ids", computed_seq_block_ids=lists)
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def full_blocks_touched(self, data: st.DataObject) -> None:
+        """How many of a sequence's full blocks would need an id."""
+        seq = self.pick(data, self.seqs)
+        names = seq.names + data.draw(st.lists(st.sampled_from(seq.names), max_size=2))
+        if self.d.kind == "cpu_gpu":
+            self.run("get_num_full_blocks_touched", blocks=names, device=seq.device)
+        else:
+            self.run("get_num_full_blocks_touched", blocks=names)
+
+    def pick_group(self, data: st.DataObject, seqs: List[Seq]) -> List[Seq]:
+        """One sequence of ``seqs`` and up to two more on its device: a
+        group swapped in one call, chain after chain (so a partial block
+        may come before full ones, and forks repeat content)."""
+        first = self.pick(data, seqs)
+        others = [s for s in seqs if s is not first and s.device == first.device]
+        if not others:
+            return [first]
+        more = data.draw(st.lists(st.sampled_from(range(len(others))), max_size=2,
+                                  unique=True), label="with")
+        return [first] + [others[i] for i in more]
+
+    @precondition(lambda self: self.seqs)
+    @machine_rule(data=st.data())
+    def swap(self, data: st.DataObject) -> None:
+        """Preemption by swapping: out of the device (kept, detached), or,
+        for a device pair, across to the other device; one sequence or a
+        group of them (``pick_group``)."""
+        group = self.pick_group(data, self.seqs)
+        names = [n for seq in group for n in seq.names]
+        if self.d.kind == "cpu_gpu":
+            src = group[0].device
+            dst = "CPU" if src == "GPU" else "GPU"
+            self.run("swap", blocks=names, src_device=src, dst_device=dst)
             if self.ok():
-                self.seqs.append(Seq(step.out, seq.extra_hash, seq.device))
-                self.history.append(step.out)
+                for seq in group:
+                    seq.device = dst
+            return
+        self.run("swap_out", blocks=names)
+        if self.ok():
+            for seq in group:
+                self.seqs.remove(seq)
+                self.swapped.append(seq)
 
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def free(self, data: st.DataObject) -> None:
-            """A sequence ends: free its blocks (first to last, or the reverse);
-            sometimes keep the Block objects (they stay detached)."""
-            seq = self.pick(data, self.seqs)
-            self.seqs.remove(seq)
-            names = seq.names if data.draw(st.booleans(), label="forward") else seq.names[::-1]
-            keep = (mistakes and self.d.kind != "cpu_gpu"
-                    and data.draw(st.booleans(), label="keep_block_object"))
-            for name in names:
-                if keep:
-                    self.run("free", block=name, keep_block_object=True)
-                    self.detached.append(name)
-                else:
-                    self.run("free", block=name)
+    @precondition(lambda self: self.swapped)
+    @machine_rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        """Resume swapped-out sequences, one or a group in one call: every
+        block gets an id again."""
+        group = self.pick_group(data, self.swapped)
+        self.run("swap_in", blocks=[n for seq in group for n in seq.names])
+        if self.ok():
+            for seq in group:
+                self.swapped.remove(seq)
+                self.seqs.append(seq)
 
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def mark_accessed(self, data: st.DataObject) -> None:
-            """Record an access time for a sequence's blocks (ties and
-            out-of-order times on purpose)."""
-            seq = self.pick(data, self.seqs)
-            self.run("mark_blocks_as_accessed", block_ids=self.ids(seq),
-                     now=data.draw(TIMES, label="now"))
+    def _writable(self, seq: Seq) -> bool:
+        """Whether the sequence's last block may be copied on write: it has
+        no content, or it is not shared (a shared block with content is
+        never written: a row of the error table)."""
+        handle = self.handle(seq.names[-1])
+        if handle.content_key is None:
+            return True
+        label = seq.device if self.d.kind == "cpu_gpu" else ""
+        block = self.d.model_states()[label].blocks.get(handle.block_id)
+        return block is None or block.refcount <= 1
 
-        @rule(data=st.data())
-        def mark_evictable_accessed(self, data: st.DataObject) -> None:
-            """Touch cached blocks that wait in the evictor: the evictor must
-            reorder exactly (vLLM's heap once did not)."""
-            label = "GPU" if self.d.kind == "cpu_gpu" else ""
-            waiting = [e.block_id for e in self.d.model_states()[label].evictor]
-            if not waiting:
-                return
-            ids = data.draw(st.lists(st.sampled_from(waiting), min_size=1, max_size=3,
-                                     unique=True), label="evictable ids")
-            self.run("mark_blocks_as_accessed", block_ids=ids, now=data.draw(TIMES, label="now"))
+    @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
+    @machine_rule(data=st.data())
+    def copy_on_write(self, data: st.DataObject) -> None:
+        """Ask for a writable id for a sequence's last block (a device
+        pair has no such call: its Blocks copy on append)."""
+        writable = [s for s in self.seqs if self._writable(s)]
+        if writable:
+            self.run("cow_block_if_not_appendable", block=self.pick(data, writable).names[-1])
 
-        @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
-        @rule(data=st.data())
-        def fork_and_diverge(self, data: st.DataObject) -> None:
-            """Parallel sampling that diverges at once: fork a sequence whose
-            last block is partial and append to the copy (copy-on-write)."""
-            seq = self.pick(data, [s for s in self.seqs if not self.handle(s.names[-1]).is_full])
-            step = self.run("fork", last_block=seq.names[-1])
-            if not self.ok():
-                return
-            copy = Seq(step.out, seq.extra_hash, seq.device)
-            self.seqs.append(copy)
-            self.history.append(copy.names)
-            room = self.handle(copy.names[-1]).num_empty_slots
-            tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
-            self.run("append_token_ids", block=copy.names[-1], token_ids=tokens)
-
-        @precondition(lambda self: any(self.handle(s.names[0]).is_full for s in self.seqs))
-        @rule(data=st.data())
-        def duplicate_by_append(self, data: st.DataObject) -> None:
-            """Fill a new mutable block with the tokens of a cached first block:
-            promotion onto an already cached block (the new id is released)."""
-            seq = self.pick(data, [s for s in self.seqs if self.handle(s.names[0]).is_full])
-            tokens = list(self.handle(seq.names[0]).token_ids)
-            step = self.run("allocate_mutable_block", prev_block=None, extra_hash=seq.extra_hash,
-                            **self._alloc_args(seq.device))
-            if not self.ok():
-                return
-            copy = Seq(step.out, seq.extra_hash, seq.device)
-            self.seqs.append(copy)
-            self.history.append(copy.names)
-            self.run("append_token_ids", block=copy.names[0], token_ids=tokens)
-
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def mark_accessed_then_free(self, data: st.DataObject) -> None:
-            """vLLM's order at the end of a request: mark accessed, then free."""
-            self.mark_accessed(data)
-            self.free(data)
-
-        @precondition(lambda self: any(len(s.names) > 1 for s in self.seqs))
-        @rule(data=st.data())
-        def age_a_prefix(self, data: st.DataObject) -> None:
-            """Give the first blocks of a sequence an older access time than
-            the rest, then free it: its prefix is evicted before its tail, so
-            a chain can be uncached in front and cached behind."""
-            seq = self.pick(data, [s for s in self.seqs if len(s.names) > 1])
-            cut = data.draw(st.integers(1, len(seq.names) - 1), label="cut")
-            ids = self.ids(seq)
-            self.run("mark_blocks_as_accessed", block_ids=ids[:cut], now=0)
-            self.run("mark_blocks_as_accessed", block_ids=ids[cut:], now=3)
+    @precondition(lambda self: self.seqs)
+    @machine_rule()
+    def drain(self) -> None:
+        """Every sequence ends; then the whole cache can be reset."""
+        for seq in list(self.seqs):
             self.seqs.remove(seq)
             for name in seq.names:
                 self.run("free", block=name)
+        self.run("reset_prefix_cache")
 
-        @rule()
-        def mark_computed(self) -> None:
-            """The scheduled batch ran: touched blocks become computed."""
-            self.run("mark_blocks_as_computed", block_ids=[])
+    @machine_rule()
+    def clear_copy_on_writes(self) -> None:
+        """Take the recorded copy-on-write pairs."""
+        self.run("clear_copy_on_writes")
 
-        @precondition(lambda self: self.history)
-        @rule(data=st.data())
-        def find_cached_prefix(self, data: st.DataObject) -> None:
-            """Ask how much of a chain (live or long freed) is cached and
-            computed; sometimes in a list reused for other chains, rewritten
-            in place (the driver's ``_reused_query``)."""
-            names = [n for n in self.pick_history(data) if n in self.d.keys]
-            slot = data.draw(st.sampled_from([None, 0]), label="reused list")
-            self.ask_cached_prefix(names, slot)
+    @machine_rule()
+    def reset(self) -> None:
+        """Try to drop the whole cache (refused while blocks are in use)."""
+        self.run("reset_prefix_cache")
 
-        def ask_cached_prefix(self, names: List[str], slot: Optional[int]) -> None:
-            """find_cached_blocks_prefix of the chain ``names``: in the
-            chain's own list (``slot`` None) or in the list of ``slot``."""
-            args: Dict[str, Any] = {"names": names}
-            if slot is not None:
-                args["reused_list"] = slot
-            if self.d.kind == "cpu_gpu":
-                args["device"] = "GPU"
-            self.run("find_cached_blocks_prefix", **args)
-
-        @precondition(lambda self: self.history)
-        @rule(data=st.data())
-        def scheduler_step(self, data: st.DataObject) -> None:
-            """As vLLM's scheduler does every step: ask how much of each recent
-            sequence (running, or preempted and waiting) is cached and computed,
-            with the sequence's own hash list, grown in place (the driver keeps
-            one list per chain), so a target that remembers the lists it was
-            asked about must see every eviction and promotion since.  Or, as a
-            scheduler that keeps one list per queue position (the newest
-            sequence first), in the list of the sequence's position: as a
-            sequence arrives, every list is rewritten with another chain."""
-            per_position = data.draw(st.booleans(), label="a list per position")
-            for position, chain in enumerate(reversed(self.history[-6:])):
-                names = [n for n in chain if n in self.d.keys]
-                self.ask_cached_prefix(names, position if per_position else None)
-
-        def pick_history(self, data: st.DataObject) -> List[str]:
-            return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
-
-        @rule(data=st.data())
-        def common_computed(self, data: st.DataObject) -> None:
-            """The common prefix of some sequences' id lists (some of them
-            tuples: the argument may mix the two)."""
-            k = data.draw(st.integers(0, min(3, len(self.seqs))), label="how many")
-            lists: List[Sequence[int]] = []
-            for _ in range(k):
-                ids = self.ids(self.pick(data, self.seqs))
-                ids = ids[: data.draw(st.integers(0, len(ids)), label="cut")]
-                lists.append(tuple(ids) if data.draw(st.booleans(), label="a tuple") else ids)
-            self.run("get_common_computed_block_ids", computed_seq_block_ids=lists)
-
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def full_blocks_touched(self, data: st.DataObject) -> None:
-            """How many of a sequence's full blocks would need an id."""
-            seq = self.pick(data, self.seqs)
-            names = seq.names + data.draw(st.lists(st.sampled_from(seq.names), max_size=2))
-            if self.d.kind == "cpu_gpu":
-                self.run("get_num_full_blocks_touched", blocks=names, device=seq.device)
-            else:
-                self.run("get_num_full_blocks_touched", blocks=names)
-
-        def pick_group(self, data: st.DataObject, seqs: List[Seq]) -> List[Seq]:
-            """One sequence of ``seqs`` and up to two more on its device: a
-            group swapped in one call, chain after chain (so a partial block
-            may come before full ones, and forks repeat content)."""
-            first = self.pick(data, seqs)
-            others = [s for s in seqs if s is not first and s.device == first.device]
-            if not others:
-                return [first]
-            more = data.draw(st.lists(st.sampled_from(range(len(others))), max_size=2,
-                                      unique=True), label="with")
-            return [first] + [others[i] for i in more]
-
-        @precondition(lambda self: self.seqs)
-        @rule(data=st.data())
-        def swap(self, data: st.DataObject) -> None:
-            """Preemption by swapping: out of the device (kept, detached), or,
-            for a device pair, across to the other device; one sequence or a
-            group of them (``pick_group``)."""
-            group = self.pick_group(data, self.seqs)
-            names = [n for seq in group for n in seq.names]
-            if self.d.kind == "cpu_gpu":
-                src = group[0].device
-                dst = "CPU" if src == "GPU" else "GPU"
-                self.run("swap", blocks=names, src_device=src, dst_device=dst)
-                if self.ok():
-                    for seq in group:
-                        seq.device = dst
+    @machine_rule(data=st.data())
+    def query(self, data: st.DataObject) -> None:
+        """The read-only questions: hit rate, counts, ids."""
+        op = data.draw(st.sampled_from([
+            "get_prefix_cache_hit_rate", "get_num_free_blocks", "get_num_total_blocks",
+            "all_block_ids", "get_physical_block_id"]), label="query")
+        if op == "all_block_ids":
+            self.run(op)
+        elif op == "get_physical_block_id":
+            ids = sorted(self.d.model.all_block_ids)
+            if not ids:
                 return
-            self.run("swap_out", blocks=names)
-            if self.ok():
-                for seq in group:
-                    self.seqs.remove(seq)
-                    self.swapped.append(seq)
-
-        @precondition(lambda self: self.swapped)
-        @rule(data=st.data())
-        def swap_in(self, data: st.DataObject) -> None:
-            """Resume swapped-out sequences, one or a group in one call: every
-            block gets an id again."""
-            group = self.pick_group(data, self.swapped)
-            self.run("swap_in", blocks=[n for seq in group for n in seq.names])
-            if self.ok():
-                for seq in group:
-                    self.swapped.remove(seq)
-                    self.seqs.append(seq)
-
-        @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
-        @rule(data=st.data())
-        def copy_on_write(self, data: st.DataObject) -> None:
-            """Ask for a writable id for a sequence's last block (a device
-            pair has no such call: its Blocks copy on append)."""
-            seq = self.pick(data, self.seqs)
-            self.run("cow_block_if_not_appendable", block=seq.names[-1])
-
-        @precondition(lambda self: self.seqs)
-        @rule()
-        def drain(self) -> None:
-            """Every sequence ends; then the whole cache can be reset."""
-            for seq in list(self.seqs):
-                self.seqs.remove(seq)
-                for name in seq.names:
-                    self.run("free", block=name)
-            self.run("reset_prefix_cache")
-
-        @rule()
-        def clear_copy_on_writes(self) -> None:
-            """Take the recorded copy-on-write pairs."""
-            self.run("clear_copy_on_writes")
-
-        @rule()
-        def reset(self) -> None:
-            """Try to drop the whole cache (refused while blocks are in use)."""
-            self.run("reset_prefix_cache")
-
-        @rule(data=st.data())
-        def query(self, data: st.DataObject) -> None:
-            """The read-only questions: hit rate, counts, ids."""
-            op = data.draw(st.sampled_from([
-                "get_prefix_cache_hit_rate", "get_num_free_blocks", "get_num_total_blocks",
-                "all_block_ids", "get_physical_block_id"]), label="query")
-            if op == "all_block_ids":
-                self.run(op)
-            elif op == "get_physical_block_id":
-                ids = sorted(self.d.model.all_block_ids)
-                absolute_id = data.draw(st.sampled_from(ids), label="id")
-                if self.d.kind == "cpu_gpu":
-                    device = "GPU" if absolute_id in self.d.model.gpu.all_block_ids else "CPU"
-                    self.run(op, device=device, absolute_id=absolute_id)
-                else:
-                    self.run(op, absolute_id=absolute_id)
-            elif self.d.kind == "cpu_gpu":
-                self.run(op, device=data.draw(st.sampled_from(["GPU", "CPU"])))
+            absolute_id = data.draw(st.sampled_from(ids), label="id")
+            if self.d.kind == "cpu_gpu":
+                device = "GPU" if absolute_id in self.d.model.gpu.all_block_ids else "CPU"
+                self.run(op, device=device, absolute_id=absolute_id)
             else:
-                self.run(op)
+                self.run(op, absolute_id=absolute_id)
+        elif self.d.kind == "cpu_gpu":
+            self.run(op, device=data.draw(st.sampled_from(["GPU", "CPU"])))
+        else:
+            self.run(op)
 
-        # -- caller mistakes ------------------------------------------------------------
+    # -- caller mistakes ------------------------------------------------------------
 
-        if mistakes:
-
-            @rule(data=st.data())
-            def caller_mistakes(self, data: st.DataObject) -> None:
-                """Caller mistakes, one to six different ones in a row (the
-                catalogue has dozens of rows, every other rule is one
-                operation): each a row of the error table that applies to the
-                target's kind and can be made now (oracle/mistakes.py; the
-                constructor rows always can, so the rule needs no
-                precondition, which would cost a look at every row per step).  The
-                rows are drawn from an order shuffled once per example, so
-                that the rows Hypothesis favours differ between examples."""
-                if self.mistake_rank is None:  # each example favours other rows
-                    seed = data.draw(st.integers(0, 2**32 - 1), label="order of the rows")
-                    order = [r.key for r in table_rows]
-                    random.Random(seed).shuffle(order)
-                    self.mistake_rank = {key: i for i, key in enumerate(order)}
-                rank = self.mistake_rank
-                done: List[str] = []
-                for _ in range(data.draw(st.integers(1, 6), label="how many")):
-                    rows = sorted((r for r in possible_rows(self, table_rows)
-                                   if r.key not in done), key=lambda r: rank[r.key])
-                    if not rows:
-                        return
-                    row = data.draw(st.sampled_from(rows), label="mistake")
-                    done.append(row.key)
-                    label = provoke(self, row, data)
-                    if label is not None:
-                        event(label)
-                        campaign.coverage[label] += 1
-
-    AllocatorMachine.__name__ = f"AllocatorMachine_{target.kind}"
-    return AllocatorMachine
+    @precondition(lambda self: self.config.mistakes and self.d.trace.num_blocks < LONG_POOL)
+    @machine_rule(swarm=False, data=st.data())
+    def caller_mistakes(self, data: st.DataObject) -> None:
+        """Caller mistakes, one to six different ones in a row (the
+        catalogue has dozens of rows, every other rule is one operation):
+        each a row of the error table that applies to the target's kind and
+        can be made now (oracle/mistakes.py).  The rows are drawn from an
+        order shuffled once per example, so that the rows Hypothesis
+        favours differ between examples.  Not in a long-chain example: some
+        mistakes first fill the pool, one step per id."""
+        table_rows = rows_for(self.d.kind)
+        if self.mistake_rank is None:  # each example favours other rows
+            seed = data.draw(st.integers(0, 2**32 - 1), label="order of the rows")
+            order = [r.key for r in table_rows]
+            random.Random(seed).shuffle(order)
+            self.mistake_rank = {key: i for i, key in enumerate(order)}
+        rank = self.mistake_rank
+        done: List[str] = []
+        for _ in range(data.draw(st.integers(1, 6), label="how many")):
+            rows = sorted((r for r in possible_rows(self, table_rows) if r.key not in done),
+                          key=lambda r: rank[r.key])
+            if not rows:
+                return
+            row = data.draw(st.sampled_from(rows), label="mistake")
+            done.append(row.key)
+            label = provoke(self, row, data)
+            if label is not None:
+                event(label)
+                self.config.stats.coverage[label] += 1
 
 
-MachineFactory = Callable[..., Type[RuleBasedStateMachine]]
+#: The rules a swarm example may switch off: every rule but new_sequence
+#: (something must always be possible) and caller_mistakes (the mistakes need
+#: every example they can get: dozens of rows share one rule).
+SWARM_RULES = tuple(sorted(
+    name for name, value in vars(AllocatorMachine).items()
+    if callable(value) and hasattr(value, "hypothesis_stateful_rule")
+    and name not in ("new_sequence", "caller_mistakes")))
+
+
+def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,
+                 stats: Optional[Stats] = None, semantics: Optional[Semantics] = None,
+                 call_timeout: Optional[float] = None,
+                 known: Optional[Set[str]] = None) -> Type[AllocatorMachine]:
+    """The machine class that judges ``target`` against the model.
+
+    ``mistakes`` adds the caller-mistake rule; ``white_box`` compares the
+    abstract state and the invariants where the target allows;
+    ``semantics`` (default: prefixcache's) picks each option's rule;
+    ``call_timeout`` bounds each call of the target (a ``hang`` past it);
+    ``stats`` (optional) accumulates steps, examples and coverage across
+    runs; ``known`` is the set of signatures that halt an example instead
+    of failing it (the caller may add to it between runs)."""
+    config = MachineConfig(target=target, mistakes=mistakes, white_box=white_box,
+                           semantics=semantics if semantics is not None else Semantics(),
+                           call_timeout=call_timeout,
+                           stats=stats if stats is not None else Stats(),
+                           known=known if known is not None else set())
+    return type(f"AllocatorMachine_{target.kind}", (AllocatorMachine,), {"config": config})

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from ..spec.semantics import PRESETS, Semantics
 from .driver import Driver
 from .recorder import recorded_target
 from .targets import DEFAULT_TARGET, KINDS, Target, TargetError, resolve_target
@@ -32,10 +33,13 @@ class ReplayResult:
 
 
 def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = True,
+           semantics: Optional[Semantics] = None, call_timeout: Optional[float] = None,
            echo: Optional[List[str]] = None) -> ReplayResult:
     """Run ``trace`` against ``target`` (default: the trace's own target, or
-    its recorded answers when it carries them) and the model.  Appends one
-    line per step to ``echo`` when given."""
+    its recorded answers when it carries them) and the model, judged by
+    ``semantics`` (default: the trace's own), each call of the target
+    bounded by ``call_timeout`` seconds.  Appends one line per step to
+    ``echo`` when given."""
     if target is None:
         if trace.steps and all(step.expect is not None for step in trace.steps):
             target = recorded_target(trace)
@@ -43,7 +47,10 @@ def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = T
         else:
             target = resolve_target(trace.target or DEFAULT_TARGET, kind=trace.kind,
                                     strict=trace.strict)
-    driver = Driver(target, trace.num_blocks, trace.block_size, white_box=white_box)
+    if semantics is None:
+        semantics = Semantics.from_json(trace.semantics) if trace.semantics else Semantics()
+    driver = Driver(target, trace.num_blocks, trace.block_size, white_box=white_box,
+                    semantics=semantics, call_timeout=call_timeout)
     for index, original in enumerate(trace.steps):
         step = Step(op=original.op, args=dict(original.args), out=list(original.out),
                     expect=original.expect)
@@ -70,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accept any free id the spec allows")
     parser.add_argument("--black-box", action="store_true",
                         help="compare results only, not internals and invariants")
+    parser.add_argument("--semantics", choices=sorted(PRESETS), default=None,
+                        help="judge by this preset's rules (default: the trace's own)")
+    parser.add_argument("--call-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="a call of the target that runs longer is a hang (default 10; "
+                        "0: no limit)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,8 +99,13 @@ def run(args: argparse.Namespace) -> int:
         except TargetError as exc:
             print(f"prefixcache replay: {exc}", file=sys.stderr)
             return 2
+    if args.call_timeout < 0:
+        print("prefixcache replay: --call-timeout must be >= 0", file=sys.stderr)
+        return 2
     lines: List[str] = []
-    result = replay(trace, target, white_box=not args.black_box, echo=lines)
+    semantics = PRESETS[args.semantics] if args.semantics else None
+    result = replay(trace, target, white_box=not args.black_box, semantics=semantics,
+                    call_timeout=args.call_timeout or None, echo=lines)
     print(f"# {Path(args.trace).name}: {len(trace.steps)} steps, "
           f"{trace.num_blocks} blocks of {trace.block_size} tokens, kind {trace.kind}")
     print("\n".join(lines))
@@ -97,4 +114,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"# target and model part at step {result.steps_run}: "
           f"[{result.violation.category}] {result.violation.message}")
+    print(f"# signature: {result.violation.signature}")
     return 1

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Union
+
+from ..spec.operations import missing
 
 DEFAULT_TARGET = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
 #: The same allocator with the spec's contracts (on unless PREFIXCACHE_CONTRACTS=0).
@@ -54,11 +56,19 @@ class Target:
     kind: str
     build: Callable[[int, int], Any]
     strict: bool = True
+    #: the constructor options, as JSON values (a trace records them)
+    options: Dict[str, Any] = field(default_factory=dict)
 
     def make(self, num_blocks: int, block_size: int) -> Any:
         """A fresh allocator with ``num_blocks`` ids (per device for
         ``cpu_gpu``) of ``block_size`` tokens."""
         return self.build(num_blocks, block_size)
+
+
+def load_object(spec: str) -> Any:
+    """The object ``MODULE:NAME`` names (``NAME`` may be dotted); TargetError
+    when it cannot be imported or found."""
+    return _load(spec)
 
 
 def _load(spec: str) -> Any:
@@ -163,7 +173,38 @@ def resolve_target(
         name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', target)}"
     else:
         raise TargetError(f"a target is MODULE:CLASS or a callable, got {target!r}")
+    if not callable(obj):
+        raise TargetError(f"this is not an allocator: {name} is a {type(obj).__name__}, "
+                          "neither an allocator class nor a factory")
     if kind is None:
         kind = _guess_kind(obj) if inspect.isclass(obj) else "prefix"
     return Target(name=name, kind=kind, build=_builder(obj, kind, dict(options or {})),
-                  strict=strict)
+                  strict=strict, options=_json_options(options or {}))
+
+
+def _json_options(options: Dict[str, Any]) -> Dict[str, Any]:
+    """The options as JSON values: a callable by its ``module:qualname``."""
+    return {k: v if isinstance(v, (str, int, float, bool, type(None)))
+            else f"{getattr(v, '__module__', '?')}:{getattr(v, '__qualname__', v)}"
+            for k, v in options.items()}
+
+
+#: The target kind -> the spec's name of that kind of allocator.
+SPEC_KIND = {"prefix": "prefix_caching", "naive": "naive", "cpu_gpu": "cpu_gpu"}
+
+
+def check_allocator(target: Target) -> None:
+    """Build a small ``target`` (2 ids of 1 token) and check that it has every
+    operation of its kind; TargetError saying what it lacks, or why it
+    cannot be built, otherwise."""
+    try:
+        allocator = target.make(2, 1)
+    except Exception as exc:
+        raise TargetError(f"{target.name} cannot be built as a {target.kind} allocator with "
+                          f"num_blocks=2, block_size=1: {type(exc).__name__}: {exc}") from exc
+    lacking = missing(allocator, SPEC_KIND[target.kind])
+    if lacking:
+        more = f" and {len(lacking) - 4} more" if len(lacking) > 4 else ""
+        raise TargetError(f"this is not an allocator: {target.name} lacks "
+                          f"{', '.join(lacking[:4])}{more} (a {target.kind} block allocator "
+                          "has every operation of vLLM's API)")

@@ -39,7 +39,10 @@ class Step:
 
 @dataclass
 class Trace:
-    """A configuration and the steps run on it."""
+    """A configuration and the steps run on it: the target (``target`` as
+    named to ``--target``, ``kind``, ``strict``, the constructor ``options``
+    as JSON values) and the ``semantics`` it was judged by (option name ->
+    value, as :meth:`~prefixcache.spec.semantics.Semantics.to_json` gives)."""
 
     num_blocks: int
     block_size: int
@@ -48,6 +51,8 @@ class Trace:
     strict: bool = True
     steps: List[Step] = field(default_factory=list)
     violation: Optional[Dict[str, Any]] = None
+    semantics: Dict[str, bool] = field(default_factory=dict)
+    options: Dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> Dict[str, Any]:
         """The JSON object of this trace."""
@@ -74,7 +79,8 @@ class Trace:
             num_blocks=int(data["num_blocks"]), block_size=int(data["block_size"]),
             kind=data.get("kind", "prefix"), target=data.get("target"),
             strict=bool(data.get("strict", True)), steps=steps,
-            violation=data.get("violation"),
+            violation=data.get("violation"), semantics=dict(data.get("semantics") or {}),
+            options=dict(data.get("options") or {}),
         )
 
     def save(self, path: Union[str, Path]) -> None:

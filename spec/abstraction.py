@@ -22,7 +22,7 @@ hash-based allocator cannot see by itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .invariants import ownership_matches
 from .state import (
@@ -95,6 +95,32 @@ def content_key_of(block: Any) -> ContentKey:
     pair per block of its chain, from the first block through itself.  Pure:
     reads ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
     return tuple(_pair(b) for b in _chain(block))
+
+
+def _memoised_keys() -> Callable[[Any], ContentKey]:
+    """``content_key_of``, remembering the key of every block it spelled, so
+    that the blocks of one chain cost one walk of it, not one each (a chain
+    of a thousand blocks is read in milliseconds).  For one reading: the
+    Blocks must not change while it is used."""
+    memo: Dict[int, ContentKey] = {}
+    alive: List[Any] = []  # the blocks memoised, so that their ids are not reused
+
+    def key_of(block: Any) -> ContentKey:
+        path: List[Any] = []
+        on_path: Set[int] = set()
+        b = block
+        while b is not None and id(b) not in memo and id(b) not in on_path:
+            on_path.add(id(b))
+            path.append(b)
+            b = getattr(b, "prev_block", None)
+        key: ContentKey = memo[id(b)] if b is not None and id(b) in memo else ()
+        for x in reversed(path):
+            key = key + (_pair(x),)
+            memo[id(x)] = key
+            alive.append(x)
+        return memo[id(block)]
+
+    return key_of
 
 
 def chain_keys(last_block: Any) -> List[Tuple[Any, ContentKey]]:
@@ -238,6 +264,7 @@ def contents_of(
         ledger.observe_blocks(blocks)
     out: Dict[BlockId, Optional[ContentKey]] = {}
     seen: Set[int] = set()
+    key_of = _memoised_keys()
     for b in blocks:
         if id(b) in seen:
             continue
@@ -245,7 +272,7 @@ def contents_of(
         i = getattr(b, "block_id", None)
         if i is None:
             continue
-        key = content_key_of(b) if getattr(b, "content_hash", None) is not None else None
+        key = key_of(b) if getattr(b, "content_hash", None) is not None else None
         if i in out:
             if out[i] != key and ledger is not None:
                 ledger.conflicts.append(SharedIdConflict(i, out[i], key))
@@ -410,8 +437,23 @@ def abstract_state(
     ]
     entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
 
-    touched = frozenset(getattr(allocator, "_touched_blocks", ()))
+    promoted = frozenset(getattr(allocator, "_touched_blocks", ()))
     trackers: Mapping[BlockId, Any] = getattr(allocator, "_block_tracker", {})
+
+    def tracker_of(i: BlockId) -> Any:
+        tracker = trackers.get(i)
+        return tracker if tracker is not None and getattr(tracker, "active", False) else None
+
+    def computed(i: BlockId) -> bool:
+        """What ``block_is_computed(i)`` answers (read off the trackers and
+        the evictor where the allocator has no such method)."""
+        ask = getattr(allocator, "block_is_computed", None)
+        if ask is not None:
+            return bool(ask(i))
+        tracker = tracker_of(i)
+        return bool(tracker.computed) if tracker is not None else (
+            i in free_table and i not in promoted)
+
     blocks: Dict[BlockId, BlockState] = {}
     for i in ids:
         rc = counts.get(i, 0)
@@ -423,14 +465,16 @@ def abstract_state(
             content = name(hash_of_id[i], i)
         else:
             content = None
-        tracker = trackers.get(i)
-        if tracker is not None and getattr(tracker, "active", False):
-            computed = bool(tracker.computed)
+        tracker = tracker_of(i)
+        if tracker is not None:
             last = float(tracker.last_accessed)
         else:
-            computed = i in free_table and i not in touched
             last = float(free_table[i].last_accessed) if i in free_table else NEVER_ACCESSED
-        blocks[i] = BlockState(refcount=rc, content=content, computed=computed, last_accessed=last)
+        blocks[i] = BlockState(refcount=rc, content=content, computed=computed(i),
+                               last_accessed=last)
+    # touched: promoted and not computed yet (an allocator may keep an id in
+    # its set after it reports it computed; vLLM 0.8.5 does for evictable ids)
+    touched = frozenset(i for i in promoted if not computed(i))
 
     hits, misses = hits_and_misses(getattr(allocator, "metric_data", None))
     hashless = getattr(allocator, "_hashless_allocator", None)

@@ -137,12 +137,12 @@ class Checker:
                              inspect.unwrap(cls.get_num_free_blocks))
         ids_of, free_of = self._readers
         a = self.allocator
-        self.depth += 1         # a subclass's reader may call a checked method
+        self.depth += 1         # the readers may call checked methods: they run plain
         try:
             ids, free = ids_of(a), free_of(a)
+            return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids)
         finally:
             self.depth -= 1
-        return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids)
 
     def _checked_state(self, when: str) -> AbstractState:
         """``state()``, with an unnameable content turned into a violation."""

@@ -39,12 +39,13 @@ def test_clean_campaign_exits_0_with_a_json_report(tmp_path: Path) -> None:
                      cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    assert set(report) >= {"steps", "examples", "steps_per_second", "coverage", "violations"}
-    assert report["violations"] == []
+    assert set(report) >= {"steps", "examples", "steps_per_second", "coverage", "findings",
+                           "known", "shrink_seconds", "target_log", "semantics"}
+    assert report["findings"] == []
     assert 30 <= report["examples"] <= 32  # Hypothesis may add an example of its own
     assert report["steps"] > 30
     assert report["coverage"]["op:allocate_immutable_block"] > 0
-    assert "no violation" in result.stdout
+    assert "no new finding" in result.stdout
 
 
 def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
@@ -53,24 +54,29 @@ def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
     assert "cannot import" in result.stderr
 
 
-def test_a_fault_exits_1_and_its_trace_replays_to_the_same_step(tmp_path: Path) -> None:
+def test_a_fault_exits_1_and_each_finding_replays_to_its_signature(tmp_path: Path) -> None:
     result = run_cli("fuzz", "--examples", "200", "--quiet", "--seed", "1",
                      "--target", "oracle_faults:FreesToTheRight", "--json", "report.json",
-                     "--trace-out", "fail.json", cwd=tmp_path)
+                     cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    (violation,) = report["violations"]
-    assert violation["category"] == "conformance"
-    assert violation["trace"]["steps"]
-    assert "a = make_allocator(" in result.stdout  # the shrunk program is printed
-    replayed = run_cli("replay", "fail.json", cwd=tmp_path)
-    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
-    assert "target and model part at step" in replayed.stdout
-    fixed = run_cli("replay", "fail.json", "--target",
-                    "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator",
-                    cwd=tmp_path)
-    assert fixed.returncode == 0, fixed.stdout
-    assert "agree with the model" in fixed.stdout
+    findings = report["findings"]
+    assert findings and {f["category"] for f in findings} == {"conformance"}
+    assert len({f["signature"] for f in findings}) == len(findings)
+    assert "a = make_allocator(" in result.stdout  # the shrunk programs are printed
+    for finding in findings:
+        assert finding["trace"]["steps"] and finding["shrunk"]
+        trace_file = finding["trace_file"]
+        assert Path(tmp_path, trace_file).is_file()
+        replayed = run_cli("replay", trace_file, cwd=tmp_path)
+        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+        assert "target and model part at step" in replayed.stdout
+        assert f"# signature: {finding['signature']}" in replayed.stdout
+        fixed = run_cli("replay", trace_file, "--target",
+                        "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator",
+                        cwd=tmp_path)
+        assert fixed.returncode == 0, fixed.stdout
+        assert "agree with the model" in fixed.stdout
 
 
 def test_replay_of_a_hand_written_trace_is_deterministic() -> None:

@@ -24,21 +24,22 @@ import degenerate_hashes as dh
 import pytest
 
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
-from prefixcache.oracle.campaign import Outcome, _campaign
-from prefixcache.oracle.targets import DEFAULT_TARGET
+from prefixcache.oracle import campaign as fuzz
+from prefixcache.oracle.search import Outcome
 
 TESTS = Path(__file__).resolve().parent
 SEEDS = range(5)
 
 
-def campaign(tmp_path: Path, hash_algo: Any, seed: int, **budget: Any) -> Outcome:
-    """One single-worker ``prefixcache fuzz`` campaign, as the CLI runs it."""
-    args = argparse.Namespace(
-        target=DEFAULT_TARGET, kind=None, relaxed=False, no_mistakes=False, black_box=False,
-        profile="dev", seed=seed, seconds=None, examples=budget.get("examples"),
-        steps=budget.get("steps"), database=None, trace_out=str(tmp_path / "t.json"),
-        hash_algo=hash_algo, quiet=True, no_shrink=True)
-    return _campaign(args, worker=0)
+def campaign(tmp_path: Path, hash_algo: Any, seed: int, *options: str) -> Outcome:
+    """One single-worker ``prefixcache fuzz`` search, as the CLI runs it, with
+    ``options`` (a budget) and ``hash_algo`` (a name or a function)."""
+    parser = argparse.ArgumentParser()
+    fuzz.add_arguments(parser)
+    args = parser.parse_args(["--profile", "dev", "--seed", str(seed), "--quiet",
+                              "--no-shrink", "--findings-dir", str(tmp_path), *options])
+    args.hash_algo = hash_algo
+    return fuzz.search_with(args)
 
 
 @pytest.fixture(autouse=True)
@@ -70,19 +71,20 @@ def test_the_polynomial_collision_is_algebraic() -> None:
                          ids=["constant", "eight_bit", "polynomial"])
 def test_a_degenerate_hash_is_flagged_in_every_run(
         tmp_path: Path, hash_algo: Callable[..., int], seed: int) -> None:
-    outcome = campaign(tmp_path, hash_algo, seed, examples=1_500)
-    assert outcome.violations, f"seed {seed}: no violation in {outcome.steps} steps"
-    assert [v["category"] for v in outcome.violations] == ["integrity"], outcome.violations
-    print(f"\n{hash_algo.__name__} seed {seed}: caught after {outcome.steps} steps: "
-          f"{outcome.violations[0]['message'][:120]}")
+    outcome = campaign(tmp_path, hash_algo, seed, "--examples", "1500", "--stop-at-first")
+    found = [f.violation for f in outcome.findings.in_order()]
+    assert found, f"seed {seed}: no violation in {outcome.stats.steps} steps"
+    assert [v.category for v in found] == ["integrity"], found
+    print(f"\n{hash_algo.__name__} seed {seed}: caught after {outcome.stats.steps} steps: "
+          f"{found[0].message[:120]}")
 
 
 def test_sha256_runs_clean(tmp_path: Path) -> None:
     """The short CI version of the 100,000-step sha256 campaign."""
-    outcome = campaign(tmp_path, "sha256", seed=0, steps=3_000)
-    assert outcome.violations == []
-    assert outcome.steps >= 3_000
-    assert outcome.coverage["state:cache-hit-seen"] > 0  # hits happened, and were right
+    outcome = campaign(tmp_path, "sha256", 0, "--steps", "3000")
+    assert len(outcome.findings) == 0
+    assert outcome.stats.steps >= 3_000
+    assert outcome.stats.coverage["state:cache-hit-seen"] > 0  # hits happened, and were right
 
 
 def test_the_cli_takes_a_hash_algo(tmp_path: Path) -> None:
@@ -94,7 +96,7 @@ def test_the_cli_takes_a_hash_algo(tmp_path: Path) -> None:
          "--no-shrink"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "VIOLATION integrity" in result.stdout
+    assert "FINDING 1 integrity/" in result.stdout
     bad = subprocess.run(
         [sys.executable, "-m", "prefixcache.cli", "fuzz", "--hash-algo", "nowhere:nothing",
          "--examples", "1", "--quiet"], cwd=tmp_path, env=env, capture_output=True, text=True,

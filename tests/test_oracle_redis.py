@@ -70,7 +70,7 @@ def fuzz(tmp: Path, name: str, *args: str) -> dict:
     env.pop("CI", None)  # the ci profile has no database; these runs choose theirs
     result = subprocess.run(
         [sys.executable, "-m", "prefixcache.cli", "fuzz", "--quiet", "--target", FAULT,
-         "--profile", "dev", "--json", f"{name}.json", "--trace-out", f"{name}.trace.json",
+         "--profile", "dev", "--json", f"{name}.json", "--findings-dir", name,
          *args],
         cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode in (0, 1), result.stdout + result.stderr
@@ -92,4 +92,4 @@ def test_a_failure_found_by_one_worker_is_replayed_by_the_other(
     assert alone["code"] == 0, "one fresh example alone should not find the fault"
     assert second["code"] == 1
     assert second["examples"] <= 2
-    assert second["violations"][0]["message"] == first["violations"][0]["message"]
+    assert second["findings"][0]["signature"] == first["findings"][0]["signature"]

@@ -1,0 +1,213 @@
+"""One worker's search: batches of Hypothesis examples until the budget ends,
+collecting every distinct finding.
+
+Each batch runs the oracle's state machine for a few examples with its own
+seed, derived from the campaign's seed, so a campaign is reproducible.  A
+violation fails the batch and Hypothesis shrinks it (each signature apart:
+see :func:`~prefixcache.oracle.violations.as_finding`); the shrunk finding is
+recorded and its signature becomes *known*, so from the next batch on an
+example that meets it again is halted quietly and the search goes on
+looking for others.  A hang is recorded as it happens, unshrunk.
+
+The time budget bounds everything: Hypothesis's shrinking is cut at what is
+left of it (``MAX_SHRINKING_SECONDS``, which Hypothesis documents as
+settable), and the time spent shrinking is reported on its own.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Dict, List, Optional
+
+import hypothesis.core
+from hypothesis import Phase, Verbosity, settings
+from hypothesis.database import ExampleDatabase
+from hypothesis.internal.conjecture import engine
+from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.statistics import collector
+
+from ..spec.semantics import Semantics
+from .findings import Finding, Findings
+from .machine import OutOfTime, Stats, make_machine
+from .target_log import LogTally, captured_logs
+from .targets import Target
+from .violations import Violation
+
+#: Examples per batch: small, so that a known finding stops being searched
+#: for soon after it is found, and the budget is checked often.
+BATCH_EXAMPLES = 25
+
+
+@dataclass
+class Budget:
+    """When a search stops: the first of ``seconds``, ``examples``,
+    ``steps`` (whole batches: a few more are run) and ``max_findings`` new
+    findings.  A ``None`` is no bound."""
+
+    seconds: Optional[float] = None
+    examples: Optional[int] = None
+    steps: Optional[int] = None
+    max_findings: Optional[int] = 10
+
+
+@dataclass
+class SearchOptions:
+    """How to search: the rules' switches, the settings and the database."""
+
+    mistakes: bool = True
+    white_box: bool = True
+    semantics: Semantics = field(default_factory=Semantics)
+    call_timeout: Optional[float] = 10.0
+    base: Optional[settings] = None
+    database: Optional[ExampleDatabase] = None
+    shrink: bool = True
+    seed: int = 0
+    worker: int = 0
+
+
+@dataclass
+class Outcome:
+    """What one search (one worker) did and found."""
+
+    stats: Stats = field(default_factory=Stats)
+    findings: Findings = field(default_factory=Findings)
+    seconds: float = 0.0
+    shrink_seconds: float = 0.0
+    log: LogTally = field(default_factory=LogTally)
+    stopped_because: str = "budget"
+    #: findings of the last batch past ``max_findings``, left out of the report
+    left_out: int = 0
+
+    def merge(self, other: Outcome) -> None:
+        """Add another worker's outcome (its time runs in parallel)."""
+        self.stats.steps += other.stats.steps
+        self.stats.examples += other.stats.examples
+        self.stats.coverage.update(other.stats.coverage)
+        self.stats.known_seen.update(other.stats.known_seen)
+        for finding in other.findings.in_order():
+            self.findings.add(finding)
+        self.seconds = max(self.seconds, other.seconds)
+        self.shrink_seconds += other.shrink_seconds
+        self.log.merge(other.log)
+        self.left_out += other.left_out
+        if other.stopped_because != "budget":
+            self.stopped_because = other.stopped_because
+
+    def to_json(self) -> Dict[str, Any]:
+        """Everything but the findings' and the known signatures' entries."""
+        return {
+            "steps": self.stats.steps,
+            "examples": self.stats.examples,
+            "seconds": round(self.seconds, 3),
+            "shrink_seconds": round(self.shrink_seconds, 3),
+            "steps_per_second": round(self.stats.steps / self.seconds, 1) if self.seconds else 0.0,
+            "stopped_because": self.stopped_because,
+            "findings_left_out": self.left_out,
+            "coverage": dict(sorted(self.stats.coverage.items())),
+            "target_log": self.log.to_json(),
+        }
+
+
+def violations_in(exc: BaseException) -> List[Violation]:
+    """The Violations an exception is or holds (an ExceptionGroup of several
+    findings, Hypothesis's report of a flaky one)."""
+    if isinstance(exc, Violation):
+        return [exc]
+    found: List[Violation] = []
+    for inner in getattr(exc, "exceptions", ()):
+        found += violations_in(inner)
+    return found
+
+
+def _batch_settings(options: SearchOptions, examples: int, stop_at_first: bool) -> settings:
+    base = options.base if options.base is not None else settings()
+    # no explain phase: it varies the shrunk example to say which parts do not
+    # matter, which is unbounded by the shrinking limit (minutes per finding)
+    phases = [p for p in base.phases if p is not Phase.explain]
+    if not options.shrink:
+        phases = [p for p in phases if p is not Phase.shrink]
+    return settings(base, max_examples=examples, database=options.database, derandomize=False,
+                    print_blob=False, verbosity=Verbosity.quiet, phases=phases,
+                    report_multiple_bugs=options.shrink and not stop_at_first)
+
+
+def search(target: Target, budget: Budget, options: SearchOptions, *,
+           known: Collection[str] = (),
+           progress: Optional[Callable[[Outcome], None]] = None) -> Outcome:
+    """Search ``target`` until ``budget`` ends; return what was done and found.
+
+    Signatures in ``known`` (a baseline's) are not findings: an example that
+    meets one is halted and counted in ``stats.known_seen``."""
+    outcome = Outcome()
+    findings = outcome.findings
+    findings.known.update(known)
+    machine = make_machine(target, mistakes=options.mistakes, white_box=options.white_box,
+                           stats=outcome.stats, semantics=options.semantics,
+                           call_timeout=options.call_timeout, known=findings.known)
+    start = time.monotonic()
+    # Seed Hypothesis's own source of per-run seeds (what it uses when no seed
+    # is forced), so a campaign is reproducible and still uses the database.
+    hypothesis.core.threadlocal._hypothesis_global_random = random.Random(
+        options.seed * 1_000_003 + options.worker)
+    stats = outcome.stats
+    hangs_seen = 0
+    stop_at_first = budget.max_findings == 1
+    with captured_logs() as log:
+        outcome.log = log
+        while True:
+            left = None if budget.seconds is None else budget.seconds - (time.monotonic() - start)
+            reason = _exhausted(budget, stats, len(findings), left)
+            if reason:
+                outcome.stopped_because = reason
+                break
+            size = BATCH_EXAMPLES
+            if budget.examples is not None:
+                size = max(1, min(size, budget.examples - stats.examples))
+            phases: List[Dict[str, Any]] = []
+            stats.failing = False
+            machine.config.deadline = None if budget.seconds is None else start + budget.seconds
+            engine.MAX_SHRINKING_SECONDS = max(1, int(left)) if left is not None else 300
+            found: List[Violation] = []
+            try:
+                with collector.with_value(phases.append):  # type: ignore[arg-type]
+                    run_state_machine_as_test(
+                        machine, settings=_batch_settings(options, size, stop_at_first))
+            except OutOfTime:
+                pass
+            except BaseException as exc:  # findings, or a bug of ours (re-raised)
+                found = violations_in(exc)
+                if not found:
+                    raise
+            finally:
+                engine.MAX_SHRINKING_SECONDS = 300
+                outcome.shrink_seconds += sum(
+                    p.get("shrink-phase", {}).get("duration-seconds", 0.0) for p in phases)
+                if progress is not None:
+                    outcome.seconds = time.monotonic() - start
+                    progress(outcome)
+            new = [Finding(v, shrunk=options.shrink) for v in found]
+            new += [Finding(v, shrunk=False) for v in stats.hangs[hangs_seen:]]
+            hangs_seen = len(stats.hangs)
+            for finding in new:
+                if (budget.max_findings is not None and finding.signature not in findings.found
+                        and len(findings) >= budget.max_findings):
+                    outcome.left_out += 1
+                    continue
+                findings.add(finding)
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _exhausted(budget: Budget, stats: Stats, found: int, left: Optional[float]) -> str:
+    """Why the search must stop now, or ''."""
+    if budget.max_findings is not None and found >= budget.max_findings:
+        return "max-findings"
+    if left is not None and left <= 0:
+        return "budget"
+    if budget.steps is not None and stats.steps >= budget.steps:
+        return "budget"
+    if budget.examples is not None and stats.examples >= budget.examples:
+        return "budget"
+    return ""
