@@ -147,10 +147,11 @@ def _construction_section(rows: Optional[List[Dict[str, Any]]]) -> List[str]:
         "",
         "Building one allocator (block size 16), each size in a fresh process: best of 3 "
         "wall times; memory by tracemalloc (peak during construction, and what the "
-        "allocator keeps) and growth of the process's maximum RSS.  Per-id trackers, "
-        "the rank table of `get_physical_block_id` and the Block objects of the pool are "
-        "made when first needed, so construction holds only the free list, the reference "
-        "counts and the id set.",
+        "allocator keeps) and growth of the process's maximum RSS.  One tracker per id "
+        "is made up front (as vLLM does, and its tests count them); the rank table of "
+        "`get_physical_block_id` and the Block objects of the pool are made when first "
+        "needed, so construction holds the free list, the reference counts, the id set "
+        "and the trackers.",
         "",
         "```",
         "python bench/run_benchmarks.py   # the construction step",

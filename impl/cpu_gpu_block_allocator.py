@@ -123,6 +123,12 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """The GPU allocator's content hash function, if it hashes."""
         return getattr(self._allocators[Device.GPU], "content_hash_function", None)
 
+    @property
+    def verify_content(self) -> bool:
+        """Whether the GPU allocator checks cache hits against the cached
+        content (``verify_content``)."""
+        return getattr(self._allocators[Device.GPU], "verify_content", False) is True
+
     def allocate_or_get_null_block(self) -> Block:
         """The null block: one GPU block, allocated on first use, that
         refuses every write."""

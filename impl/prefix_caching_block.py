@@ -145,24 +145,6 @@ class BlockTracker:
         self.computed = False
 
 
-class _Trackers(Dict[BlockId, BlockTracker]):
-    """id -> BlockTracker, each made the first time its id is looked up with
-    ``[]`` (so construction costs nothing per id); ``get`` and iteration
-    see only the trackers made so far.  Only the allocator's ids have one."""
-
-    __slots__ = ("_known",)
-
-    def __init__(self, known: Dict[BlockId, int]) -> None:
-        super().__init__()
-        self._known = known
-
-    def __missing__(self, block_id: BlockId) -> BlockTracker:
-        if block_id not in self._known:
-            raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
-        tracker = self[block_id] = BlockTracker()
-        return tracker
-
-
 class PrefixCachingBlockAllocator(BlockAllocator):
     """A block allocator that shares full blocks with identical prefixes.
 
@@ -215,7 +197,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._free_ids = self._hashless_allocator._free_block_indices
         self._refcounter = self._hashless_allocator.refcounter
         self._refcounts = self._refcounter._refcounts
-        self._block_tracker: Dict[BlockId, BlockTracker] = _Trackers(self._refcounts)
+        # one tracker per id, from the start (vLLM's tests count them)
+        self._block_tracker: Dict[BlockId, BlockTracker] = {
+            block_id: BlockTracker() for block_id in self._refcounts}
         self._cached_blocks: Dict[int, BlockId] = {}
         self._touched_blocks: Set[BlockId] = set()
         self._cow_tracker = CopyOnWriteTracker(self._refcounter.as_readonly())
@@ -246,6 +230,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def content_hash_function(self) -> HashFunction:
         """The ``(parent_hash, token_ids, extra_hash) -> int`` function in use."""
         return self._hash_fn
+
+    @property
+    def verify_content(self) -> bool:
+        """Whether cache hits are checked against the cached content (the
+        constructor's ``verify_content``)."""
+        return self._verify_content
 
     # -- checks of the caller's arguments (they raise before any change) -------
 
@@ -833,8 +823,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             raise WrongTypeError(f"a block id must be an int, got {block_id!r}") from exc
         if not known:
             raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
-        tracker = self._block_tracker.get(block_id)
-        if tracker is not None and tracker.active:
+        tracker = self._block_tracker[block_id]
+        if tracker.active:
             return tracker.computed
         return block_id in self.evictor and block_id not in self._touched_blocks
 
@@ -932,8 +922,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         for block_id in block_ids:
             if type(block_id) is not int or block_id not in refcounts:
                 raise UnknownBlockIdError(f"block id {block_id!r} is not managed here")
-            tracker = trackers.get(block_id)
-            if (tracker is None or not tracker.active) and block_id not in evictable:
+            if not trackers[block_id].active and block_id not in evictable:
                 raise BlockNotOnDeviceError(
                     "Mark block as accessed which is not belonged to GPU"
                 )
@@ -1268,8 +1257,10 @@ def assert_prefix_caching_block_or_none(block: Optional[Block]) -> None:
 
 class ComputedBlocksTracker:
     """Per sequence: the content hashes of its full blocks (extended as it
-    grows) and how many of its tokens are cached and computed (and, on an
-    allocator with ``verify_content``, hold the sequence's very content).
+    grows) and how many of its tokens are cached and computed: asked of the
+    allocator's ``find_cached_blocks_prefix``, or, when its ``verify_content``
+    is True, of ``find_verified_blocks_prefix`` (the blocks must also hold
+    the sequence's very content).
 
     Hashes the way the GPU allocator does (its ``content_hash_function``,
     vLLM's builtin hash when it has none)."""
@@ -1282,6 +1273,9 @@ class ComputedBlocksTracker:
         self._enable_caching = enable_caching
         hash_fn = getattr(allocator, "content_hash_function", None)
         self._hash_fn: HashFunction = hash_fn if callable(hash_fn) else builtin_hash
+        # Content verification on: ask find_verified_blocks_prefix.  Otherwise,
+        # and of an allocator that does not say (vLLM's, a mock), hashes only.
+        self._verified = getattr(allocator, "verify_content", False) is True
         self._seq_id_to_blocks_hashes: Dict[int, List[int]] = {}
         self._seq_id_to_num_tokens_computed: Dict[int, int] = {}
 
@@ -1313,9 +1307,9 @@ class ComputedBlocksTracker:
         previous = self._seq_id_to_num_tokens_computed.get(seq_id)
         if previous is not None and seq.is_prefill():  # type: ignore[attr-defined]
             return previous
-        verified = getattr(self._allocator, "find_verified_blocks_prefix", None)
-        if verified is not None:  # checks the cached content too (verify_content)
-            cached = verified(hashes, token_ids, extra_hash)
+        if self._verified:  # checks the cached content too
+            cached = self._allocator.find_verified_blocks_prefix(  # type: ignore[attr-defined]
+                hashes, token_ids, extra_hash)
         else:
             cached = self._allocator.find_cached_blocks_prefix(hashes)  # type: ignore[attr-defined]
         num_tokens = len(cached) * self._block_size

@@ -29,6 +29,8 @@ Files, below the cache directory (:func:`cache_dir`)::
     vllm-0.8.5.tar.gz                            the source archive
     trees/vllm-0.8.5-stubs2-<edits>/vllm/...     source_tree() directories
     imports/vllm-0.8.5-stubs2-<edits>/<package>/ the rewritten copies load() imports
+    block-tests/...                              bench/vllm_block_tests.py's extraction
+                                                 of the source archive (cached_directory)
     .lock                                        serialises parallel processes
 
 ``<edits>`` is ``unedited`` or 16 hex digits of the edits' SHA-256; each
@@ -543,6 +545,19 @@ def _built(target: Path, stamp: Dict[str, Any], fill: Callable[[Path], None]) ->
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def cached_directory(version: str, relative: str, stamp: Mapping[str, Any],
+                     fill: Callable[[Path], None]) -> Path:
+    """``cache_dir(version)/relative``, built by ``fill(into)`` into a fresh
+    directory and moved into place unless it already carries ``stamp`` (a
+    JSON-able mapping saying what it was built from); under the cache's lock,
+    so parallel processes build it once.  For other tools that keep files
+    derived from a release (bench/vllm_block_tests.py).  Raises
+    VllmSourceError when it cannot be written, and whatever ``fill`` raises."""
+    cache = cache_dir(version)
+    with _locked(cache):
+        return _built(cache / relative, dict(stamp), fill)
 
 
 def _extract(pin: Pin, into: Path) -> None:

@@ -120,12 +120,32 @@ def test_construction_state() -> None:
 def test_construction_with_ids_and_hash_algo() -> None:
     a = make(3, 2, block_ids=[9, 4, 6], hash_algo="sha256")
     assert snapshot(a)["free"] == [9, 4, 6]
-    assert set(a._block_tracker) == set()  # trackers are made when first looked up
-    assert not a._block_tracker[4].active and set(a._block_tracker) == {4}
+    assert list(a._block_tracker) == [9, 4, 6]  # one tracker per id, from the start
     with pytest.raises(KeyError):
         a._block_tracker[5]
     assert a.content_hash_function is sha256_hash
     assert a.allocate_mutable_block(None).block_id == 9
+
+
+def test_every_id_has_its_own_idle_tracker_from_construction() -> None:
+    """vLLM makes a BlockTracker per id up front, and its tests count them
+    (``len(allocator._block_tracker.keys()) == num_blocks``): so do we.  The
+    set of trackers never changes, and an id's tracker is the same object
+    through its life (active while the id is in use)."""
+    a = make(3, 2)
+    trackers = dict(a._block_tracker)
+    assert len(a._block_tracker.keys()) == 3 and set(trackers) == {0, 1, 2}
+    assert len({id(tracker) for tracker in trackers.values()}) == 3
+    assert [tracker_of(a, block_id) for block_id in range(3)] == [IDLE] * 3
+    blocks = [a.allocate_immutable_block(None, [i, i]) for i in range(3)]
+    assert [a._block_tracker[block_id].active for block_id in range(3)] == [True] * 3
+    for block in blocks:
+        a.free(block)
+    a.allocate_mutable_block(None)  # evicts id 0
+    assert a._block_tracker == trackers and len(a._block_tracker.keys()) == 3
+    assert all(a._block_tracker[i] is trackers[i] for i in range(3))
+    assert [tracker_of(a, block_id) for block_id in (1, 2)] == [IDLE] * 2
+    assert a._block_tracker[0].active
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -1407,6 +1427,54 @@ def test_computed_blocks_tracker_over_an_allocator_with_only_vllms_api() -> None
     assert tracker.get_num_cached_tokens(FakeSeq(1, [1, 2, 3, 4, 5], prefill=False)) == 2
     first = H(True, None, [1, 2])
     assert allocator.asked == [[first, H(False, first, [3, 4])]]
+
+
+def test_computed_blocks_tracker_over_a_mock_allocator() -> None:
+    """vLLM's own test drives the tracker over ``MagicMock(spec=
+    PrefixCachingBlockAllocator)``: such a mock has every method, and its
+    ``verify_content`` is no True, so the tracker asks
+    ``find_cached_blocks_prefix`` (asking ``find_verified_blocks_prefix``, a
+    mock's answer has length 0)."""
+    allocator = MagicMock(spec=PrefixCachingBlockAllocator)
+    tracker = ComputedBlocksTracker(allocator, 2, True)
+    allocator.find_cached_blocks_prefix.return_value = [None, None]
+    assert tracker.get_num_cached_tokens(FakeSeq(1, [1, 2, 3, 4, 5], prefill=False)) == 4
+    allocator.find_cached_blocks_prefix.assert_called_once_with(
+        tracker._seq_id_to_blocks_hashes[1])
+    allocator.find_verified_blocks_prefix.assert_not_called()
+
+
+def test_computed_blocks_tracker_verifies_only_when_the_allocator_does() -> None:
+    """``find_verified_blocks_prefix`` is asked exactly when the allocator's
+    ``verify_content`` is True; an allocator that has the method but does not
+    say (a user's) is asked ``find_cached_blocks_prefix``."""
+
+    class Recording:
+        def __init__(self, verify: object) -> None:
+            if verify is not None:
+                self.verify_content = verify
+            self.asked: List[str] = []
+
+        def find_cached_blocks_prefix(self, block_hashes: List[int]) -> List[int]:
+            self.asked.append("cached")
+            return block_hashes[:1]
+
+        def find_verified_blocks_prefix(self, block_hashes: List[int], token_ids: List[int],
+                                        extra_hash: Optional[int] = None) -> List[int]:
+            self.asked.append("verified")
+            return []
+
+    for verify, asked, tokens in [(None, "cached", 2), (False, "cached", 2), (1, "cached", 2),
+                                  (True, "verified", 0)]:
+        allocator = Recording(verify)
+        tracker = ComputedBlocksTracker(allocator, 2, True)
+        assert tracker.get_num_cached_tokens(FakeSeq(1, [1, 2, 3], prefill=False)) == tokens
+        assert allocator.asked == [asked], verify
+    for verify in (True, False):
+        one = make(4, 2, verify_content=verify)
+        pair = CpuGpuBlockAllocator.create("prefix_caching", 4, 2, 2, verify_content=verify)
+        assert one.verify_content is pair.verify_content is verify
+    assert CpuGpuBlockAllocator.create("naive", 4, 2, 2).verify_content is False
 
 
 def test_computed_blocks_tracker_errors() -> None:

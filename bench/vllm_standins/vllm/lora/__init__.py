@@ -1,0 +1,1 @@
+"""Stand-in package (prefixcache, for vLLM's block unit tests): see request.py."""
