@@ -325,7 +325,9 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
         if v.trace is not None:
             from .trace import render
 
-            state = "shrunk" if finding.shrunk else "not shrunk"
+            state = "shrunk" if finding.shrunk else (
+                "a hang: not shrunk" if v.category == "hang" else "not shrunk: --no-shrink"
+                if args.no_shrink else "shrinking cut short by the time budget")
             console.print(f"  the program ({len(v.trace.steps)} steps, {state}):")
             console.print("    " + render(v.trace).replace("\n", "\n    "), markup=False)
         if finding.trace_file:

@@ -71,8 +71,11 @@ class Stats:
     known_seen: Counter[str] = field(default_factory=Counter)
     #: hangs recorded as they happened (they halt the example, unshrunk)
     hangs: List[Violation] = field(default_factory=list)
-    #: a finding has failed the current batch (the campaign resets it)
-    failing: bool = False
+    #: the shortest violation seen of each new signature (the campaign
+    #: empties it each batch): what a batch cut short while shrinking found
+    seen: Dict[str, Violation] = field(default_factory=dict)
+    #: when the first of them was seen (time.monotonic())
+    failing_since: Optional[float] = None
 
 
 @dataclass
@@ -89,9 +92,8 @@ class MachineConfig:
     #: the campaign adds each finding between batches)
     known: Set[str] = field(default_factory=set)
     #: time.monotonic() past which the next step ends the batch
-    #: (:class:`OutOfTime`), unless a finding has failed it (then
-    #: Hypothesis's own shrinking limit applies): a campaign's time budget
-    #: ends within one step
+    #: (:class:`OutOfTime`), shrinking or not: a campaign's time budget ends
+    #: within one step
     deadline: Optional[float] = None
 
 
@@ -102,6 +104,10 @@ class Seq:
     names: List[str]
     extra_hash: Optional[int]
     device: str = "GPU"
+
+
+def _length(violation: Violation) -> int:
+    return len(violation.trace.steps) if violation.trace is not None else 0
 
 
 class _Halted(Exception):
@@ -172,8 +178,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if self.halted:
             raise _Halted()
         config = self.config
-        if (config.deadline is not None and not config.stats.failing
-                and time.monotonic() > config.deadline):
+        if config.deadline is not None and time.monotonic() > config.deadline:
             raise OutOfTime()
         step = Step(op=op, args=args)
         found: Optional[Violation] = None
@@ -202,7 +207,12 @@ class AllocatorMachine(RuleBasedStateMachine):
                 known.add(violation.signature)
                 self.config.stats.hangs.append(violation)
             raise _Halted()
-        self.config.stats.failing = True
+        stats = self.config.stats
+        if stats.failing_since is None:
+            stats.failing_since = time.monotonic()
+        old = stats.seen.get(violation.signature)
+        if old is None or _length(violation) < _length(old):
+            stats.seen[violation.signature] = violation
         raise as_finding(violation)
 
     def ok(self) -> bool:

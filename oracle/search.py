@@ -9,9 +9,10 @@ recorded and its signature becomes *known*, so from the next batch on an
 example that meets it again is halted quietly and the search goes on
 looking for others.  A hang is recorded as it happens, unshrunk.
 
-The time budget bounds everything: Hypothesis's shrinking is cut at what is
-left of it (``MAX_SHRINKING_SECONDS``, which Hypothesis documents as
-settable), and the time spent shrinking is reported on its own.
+The time budget bounds everything: past it the next step of any example ends
+the batch, shrinking included (a batch cut short while shrinking reports
+the shortest example of each finding it had seen), and the time spent
+shrinking is reported on its own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from typing import Any, Callable, Collection, Dict, List, Optional
 import hypothesis.core
 from hypothesis import Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
-from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import run_state_machine_as_test
 from hypothesis.statistics import collector
 
@@ -166,28 +166,29 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
             if budget.examples is not None:
                 size = max(1, min(size, budget.examples - stats.examples))
             phases: List[Dict[str, Any]] = []
-            stats.failing = False
+            stats.seen, stats.failing_since = {}, None
             machine.config.deadline = None if budget.seconds is None else start + budget.seconds
-            engine.MAX_SHRINKING_SECONDS = max(1, int(left)) if left is not None else 300
             found: List[Violation] = []
+            shrunk = options.shrink
             try:
                 with collector.with_value(phases.append):  # type: ignore[arg-type]
                     run_state_machine_as_test(
                         machine, settings=_batch_settings(options, size, stop_at_first))
-            except OutOfTime:
-                pass
+            except OutOfTime:  # what shrinking had reached is kept, as not shrunk
+                found, shrunk = list(stats.seen.values()), False
+                if stats.failing_since is not None:
+                    outcome.shrink_seconds += time.monotonic() - stats.failing_since
             except BaseException as exc:  # findings, or a bug of ours (re-raised)
                 found = violations_in(exc)
                 if not found:
                     raise
             finally:
-                engine.MAX_SHRINKING_SECONDS = 300
                 outcome.shrink_seconds += sum(
                     p.get("shrink-phase", {}).get("duration-seconds", 0.0) for p in phases)
                 if progress is not None:
                     outcome.seconds = time.monotonic() - start
                     progress(outcome)
-            new = [Finding(v, shrunk=options.shrink) for v in found]
+            new = [Finding(v, shrunk=shrunk) for v in found]
             new += [Finding(v, shrunk=False) for v in stats.hangs[hangs_seen:]]
             hangs_seen = len(stats.hangs)
             for finding in new:

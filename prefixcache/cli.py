@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import List, Optional, Tuple
+from typing import List, NoReturn, Optional, Tuple
 
 #: verb -> (module that implements it, one line of help)
 VERBS: Tuple[Tuple[str, str, str], ...] = (
@@ -27,14 +27,21 @@ VERBS: Tuple[Tuple[str, str, str], ...] = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-command per available verb."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="prefixcache",
         description="A formally specified prefix-caching KV-cache block allocator: "
         "its spec, reference model, vLLM-compatible implementation and conformance oracle.",
     )
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     verbs.required = True
     for verb, module_name, help_text in VERBS:
         try:

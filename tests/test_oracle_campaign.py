@@ -1,0 +1,180 @@
+"""``prefixcache fuzz`` as a campaign: every distinct finding in one run, each
+with a signature and a trace file that replays to it, --max-findings,
+--stop-at-first, --baseline, a time budget that bounds shrinking, hangs,
+the target's log counted, and one-line usage errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+IMPL = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    env.pop("CI", None)
+    return subprocess.run([sys.executable, "-m", "prefixcache.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fuzz(tmp: Path, *args: str, expect: int) -> Dict[str, Any]:
+    """A campaign with a JSON report; its exit code must be ``expect``."""
+    result = run_cli("fuzz", "--quiet", "--json", "report.json", *args, cwd=tmp)
+    assert result.returncode == expect, result.stdout + result.stderr
+    report: Dict[str, Any] = json.loads((tmp / "report.json").read_text())
+    report["stdout"] = result.stdout
+    return report
+
+
+def signatures(report: Dict[str, Any]) -> List[str]:
+    return [f["signature"] for f in report["findings"]]
+
+
+TWO_FAULTS = ("--target", "oracle_faults:WrongHitRateAndCommonPrefix")
+
+
+@pytest.fixture(scope="module")
+def two_faults(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of one campaign against two independent faults."""
+    tmp = tmp_path_factory.mktemp("two-faults")
+    fuzz(tmp, *TWO_FAULTS, "--seconds", "120", "--max-findings", "2", expect=1)
+    return tmp
+
+
+def test_one_campaign_reports_two_independent_faults(two_faults: Path) -> None:
+    tmp_path = two_faults
+    report = json.loads((tmp_path / "report.json").read_text())
+    found = signatures(report)
+    assert "conformance/get_prefix_cache_hit_rate/result" in found
+    assert "conformance/get_common_computed_block_ids/result" in found
+    assert len(set(found)) == len(found)
+    for finding in report["findings"]:
+        assert finding["explained_by"] is None  # a fault under every preset
+        replayed = run_cli("replay", finding["trace_file"], cwd=tmp_path)
+        assert replayed.returncode == 1
+        assert f"# signature: {finding['signature']}" in replayed.stdout
+
+
+def test_max_findings_and_stop_at_first(tmp_path: Path) -> None:
+    target = (*TWO_FAULTS, "--seconds", "60")
+    assert len(fuzz(tmp_path, *target, "--stop-at-first", expect=1)["findings"]) == 1
+    report = fuzz(tmp_path, *target, "--max-findings", "1", expect=1)
+    assert len(report["findings"]) == 1 and report["stopped_because"] == "max-findings"
+
+
+def test_a_baseline_makes_known_findings_pass(two_faults: Path, tmp_path: Path) -> None:
+    first = json.loads((two_faults / "report.json").read_text())
+    again = fuzz(tmp_path, *TWO_FAULTS, "--seconds", "20", "--baseline",
+                 str(two_faults / "report.json"), expect=0)
+    assert again["findings"] == []
+    known = {k["signature"] for k in again["known"]}
+    assert known and known <= set(signatures(first))
+    assert "known finding met again" in again["stdout"]
+
+
+def test_the_time_budget_bounds_shrinking(tmp_path: Path) -> None:
+    report = fuzz(tmp_path, "--target", "vllm==0.8.5", "--seconds", "8", expect=1)
+    assert report["seconds"] < 8 + 2
+    assert report["findings"]
+    assert 0 <= report["shrink_seconds"] <= report["seconds"]
+
+
+def test_a_call_that_never_returns_is_a_hang(tmp_path: Path) -> None:
+    report = fuzz(tmp_path, "--target", "oracle_faults:ForkLoopsOnLongChains",
+                  "--seconds", "30", "--call-timeout", "0.5", "--no-mistakes", "--stop-at-first",
+                  expect=1)
+    hangs = [f for f in report["findings"] if f["category"] == "hang"]
+    assert hangs and hangs[0]["signature"] == "hang/fork/timeout"
+    replayed = run_cli("replay", hangs[0]["trace_file"], "--call-timeout", "0.5", cwd=tmp_path)
+    assert replayed.returncode == 1
+    assert "# signature: hang/fork/timeout" in replayed.stdout
+
+
+def test_the_targets_log_is_counted_not_printed(tmp_path: Path) -> None:
+    report = fuzz(tmp_path, "--target", "oracle_faults:Chatty", "--examples", "20", expect=0)
+    log = report["target_log"]
+    assert log["lines"] > 0
+    assert log["kinds"][0]["logger"] == "chatty.allocator"
+    assert log["kinds"][0]["message"] == "allocating after %s"
+    assert "allocating after" not in report["stdout"].replace("'allocating after %s'", "")
+
+
+def test_no_mistakes_and_lists_only_pass_no_tuple(tmp_path: Path) -> None:
+    target = ("--target", "oracle_faults:ListsOnly", "--examples", "150")
+    fuzz(tmp_path, *target, "--no-mistakes", expect=0)
+    report = fuzz(tmp_path, *target, expect=1)  # with mistakes, prefixcache passes tuples
+    assert "crash/get_common_computed_block_ids/raised-TypeError" in signatures(report)
+    # vLLM's rules: no tuple (the other findings are prefixcache.impl's stricter rules)
+    report = fuzz(tmp_path, *target, "--semantics", "vllm-0.8.5", expect=1)
+    assert not [s for s in signatures(report) if "get_common_computed_block_ids" in s]
+
+
+def test_a_finding_only_prefixcache_rules_make_names_its_option(tmp_path: Path) -> None:
+    target = ("--target", "oracle_faults:AssertsOnDetachedFree", "--seconds", "60")
+    report = fuzz(tmp_path, *target, "--stop-at-first", expect=1)
+    (finding,) = [f for f in report["findings"] if f["operation"] == "free"]
+    assert finding["explained_by"] == {"options": ["any-mistake-exception"],
+                                       "accepted_by": ["vllm-0.8.5"]}
+    assert "accepted by --semantics vllm-0.8.5" in " ".join(report["stdout"].split())
+    replayed = run_cli("replay", finding["trace_file"], "--semantics", "vllm-0.8.5",
+                       cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--hash-algo", "nope"], "--hash-algo must be"),
+    (["--hash-algo", "nowhere:nothing"], "--hash-algo nowhere:nothing"),
+    (["--database", "redis://127.0.0.1:1/0"], "cannot reach the Redis server"),
+    (["--target", "collections:OrderedDict"], "this is not an allocator"),
+    (["--target", "os:path"], "this is not an allocator"),
+    (["--target", "vllm==9.9.9"], "not pinned"),
+    (["--target", IMPL, "--kind", "cpu_gpu"], "cannot be built"),
+    (["--seconds", "-5"], "--seconds must be > 0"),
+    (["--examples", "0"], "--examples must be > 0"),
+    (["--max-findings", "0"], "--max-findings must be >= 1"),
+    (["--call-timeout", "-1"], "--call-timeout must be >= 0"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--baseline", "missing.json"], "cannot read the baseline"),
+    (["--semantics", "nope"], "invalid choice"),
+    (["--seconds", "soon"], "invalid float value"),
+])
+def test_bad_options_are_one_line_usage_errors(tmp_path: Path, args: List[str],
+                                               says: str) -> None:
+    budget = [] if {"--seconds", "--examples"} & set(args) else ["--examples", "1"]
+    result = run_cli("fuzz", *budget, *args, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], result.stderr
+
+
+def test_replay_options_are_checked(tmp_path: Path) -> None:
+    for args in (["missing.json"], ["x.json", "--semantics", "nope"],
+                 ["x.json", "--call-timeout", "-1"]):
+        (tmp_path / "x.json").write_text('{"format": "prefixcache-trace/1", "num_blocks": 1, '
+                                         '"block_size": 1, "steps": []}')
+        result = run_cli("replay", *args, cwd=tmp_path)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_real_vllm_shows_its_faults_each_replayable(tmp_path: Path) -> None:
+    """vLLM 0.8.5 itself, judged by its own semantics on valid calls only: its
+    latent faults (the lazy evictor heap, the bisecting prefix search, calls
+    that are not all-or-nothing, stale touched ids, ...) are distinct findings."""
+    report = fuzz(tmp_path, "--target", "vllm==0.8.5", "--semantics", "vllm-0.8.5",
+                  "--no-mistakes", "--seconds", "45", expect=1)
+    assert len(report["findings"]) >= 4, signatures(report)
+    for finding in report["findings"]:
+        assert finding["explained_by"] is None  # faults under every preset
+        replayed = run_cli("replay", finding["trace_file"], cwd=tmp_path)
+        assert replayed.returncode == 1
+        assert f"# signature: {finding['signature']}" in replayed.stdout
