@@ -4,7 +4,7 @@ Uses the server named by ``PREFIXCACHE_REDIS_URL``, or starts Debian's
 ``redis-server`` on a free loopback port (``.ci/run`` installs it).  Worker
 one finds a fault and Hypothesis saves the shrunk example in Redis; worker
 two, another process with another seed and a budget of one example, replays
-it from the database and reports the same violation, while the same
+them from the database and reports the same violations, while the same
 one-example run without the database finds nothing.
 """
 
@@ -91,5 +91,8 @@ def test_a_failure_found_by_one_worker_is_replayed_by_the_other(
                   "--database", redis_url)
     assert alone["code"] == 0, "one fresh example alone should not find the fault"
     assert second["code"] == 1
-    assert second["examples"] <= 2
-    assert second["findings"][0]["signature"] == first["findings"][0]["signature"]
+    # every stored failure is replayed (one per finding, and Hypothesis may keep
+    # a secondary example), never a search: far fewer than the first worker ran
+    assert second["examples"] <= 2 * len(first["findings"]) + 1 < first["examples"]
+    signatures = {finding["signature"] for finding in first["findings"]}
+    assert {finding["signature"] for finding in second["findings"]} == signatures
