@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import vllm_source
 from .benchdriver import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
-from .targets import Target, TargetError, resolve_target
+from .targets import Target, TargetError, check_allocator, resolve_target
 from .workload import WorkloadConfig
 
 VLLM = "vllm"
@@ -155,6 +155,7 @@ def load_target(name: Optional[str], vllm_cache: Optional[str] = None) -> Target
     if name == VERIFY_CONTENT:
         return verify_content_target()
     target = resolve_target(name)
+    check_allocator(target)
     if target.kind != "prefix":
         raise TargetError(f"bench times prefix-caching allocators with vLLM's single-device "
                           f"API; {target.name} looks like a {target.kind!r} allocator")
@@ -522,7 +523,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0.0 <= args.scaling_fill < 1.0:
             raise ValueError("--scaling-fill must be in [0, 1)")
     except (TargetError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        print(f"prefixcache bench: {exc}", file=sys.stderr)
         return 2
 
     status = console.status("planning")

@@ -286,7 +286,8 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(stderr=False, highlight=False)
+    # in a log file or a pipe, lines are not folded: paths and programs stay whole
+    console = Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
     data = outcome.to_json()
     algo = getattr(args, "hash_algo", None)
     console.print(f"[bold]prefixcache fuzz[/] target={escape(args.target)} "
@@ -328,7 +329,8 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
             state = "shrunk" if finding.shrunk else (
                 "a hang: not shrunk" if v.category == "hang" else "not shrunk: --no-shrink"
                 if args.no_shrink else "shrinking cut short by the time budget")
-            console.print(f"  the program ({len(v.trace.steps)} steps, {state}):")
+            steps = len(v.trace.steps)
+            console.print(f"  the program ({steps} step{'s' if steps != 1 else ''}, {state}):")
             console.print("    " + render(v.trace).replace("\n", "\n    "), markup=False)
         if finding.trace_file:
             console.print(f"  trace: {finding.trace_file}; re-run it with "

@@ -64,7 +64,7 @@ def test_one_campaign_reports_two_independent_faults(two_faults: Path) -> None:
 
 
 def test_max_findings_and_stop_at_first(tmp_path: Path) -> None:
-    target = (*TWO_FAULTS, "--seconds", "60")
+    target = (*TWO_FAULTS, "--seconds", "60", "--no-shrink")  # the stop, not the shrinking
     assert len(fuzz(tmp_path, *target, "--stop-at-first", expect=1)["findings"]) == 1
     report = fuzz(tmp_path, *target, "--max-findings", "1", expect=1)
     assert len(report["findings"]) == 1 and report["stopped_because"] == "max-findings"
@@ -72,7 +72,7 @@ def test_max_findings_and_stop_at_first(tmp_path: Path) -> None:
 
 def test_a_baseline_makes_known_findings_pass(two_faults: Path, tmp_path: Path) -> None:
     first = json.loads((two_faults / "report.json").read_text())
-    again = fuzz(tmp_path, *TWO_FAULTS, "--seconds", "20", "--baseline",
+    again = fuzz(tmp_path, *TWO_FAULTS, "--examples", "300", "--baseline",
                  str(two_faults / "report.json"), expect=0)
     assert again["findings"] == []
     known = {k["signature"] for k in again["known"]}
@@ -129,41 +129,49 @@ def test_a_finding_only_prefixcache_rules_make_names_its_option(tmp_path: Path) 
     assert replayed.returncode == 0, replayed.stdout
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--hash-algo", "nope"], "--hash-algo must be"),
-    (["--hash-algo", "nowhere:nothing"], "--hash-algo nowhere:nothing"),
-    (["--database", "redis://127.0.0.1:1/0"], "cannot reach the Redis server"),
-    (["--target", "collections:OrderedDict"], "this is not an allocator"),
-    (["--target", "os:path"], "this is not an allocator"),
-    (["--target", "vllm==9.9.9"], "not pinned"),
-    (["--target", IMPL, "--kind", "cpu_gpu"], "cannot be built"),
-    (["--seconds", "-5"], "--seconds must be > 0"),
-    (["--examples", "0"], "--examples must be > 0"),
-    (["--max-findings", "0"], "--max-findings must be >= 1"),
-    (["--call-timeout", "-1"], "--call-timeout must be >= 0"),
-    (["--workers", "0"], "--workers must be >= 1"),
-    (["--baseline", "missing.json"], "cannot read the baseline"),
-    (["--semantics", "nope"], "invalid choice"),
-    (["--seconds", "soon"], "invalid float value"),
+TRACE = ('{"format": "prefixcache-trace/1", "num_blocks": 1, "block_size": 1, '
+         '"steps": []}')
+
+
+@pytest.mark.parametrize(("verb", "args", "says"), [
+    ("fuzz", ["--hash-algo", "nope"], "--hash-algo must be"),
+    ("fuzz", ["--hash-algo", "nowhere:nothing"], "--hash-algo nowhere:nothing"),
+    ("fuzz", ["--database", "redis://127.0.0.1:1/0"], "cannot reach the Redis server"),
+    ("fuzz", ["--target", "collections:OrderedDict"], "this is not an allocator"),
+    ("fuzz", ["--target", "os:path"], "this is not an allocator"),
+    ("fuzz", ["--target", "vllm==9.9.9"], "not pinned"),
+    ("fuzz", ["--target", IMPL, "--kind", "cpu_gpu"], "cannot be built"),
+    ("fuzz", ["--seconds", "-5"], "--seconds must be > 0"),
+    ("fuzz", ["--examples", "0"], "--examples must be > 0"),
+    ("fuzz", ["--max-findings", "0"], "--max-findings must be >= 1"),
+    ("fuzz", ["--call-timeout", "-1"], "--call-timeout must be >= 0"),
+    ("fuzz", ["--workers", "0"], "--workers must be >= 1"),
+    ("fuzz", ["--baseline", "missing.json"], "cannot read the baseline"),
+    ("fuzz", ["--semantics", "nope"], "invalid choice"),
+    ("fuzz", ["--seconds", "soon"], "invalid float value"),
+    ("replay", ["missing.json"], "cannot read missing.json"),
+    ("replay", ["trace.json", "--semantics", "nope"], "invalid choice"),
+    ("replay", ["trace.json", "--call-timeout", "-1"], "--call-timeout"),
+    ("replay", ["trace.json", "--target", "os:path"], "this is not an allocator"),
+    ("bench", ["--target", "collections:OrderedDict"], "this is not an allocator"),
+    ("bench", ["--target", "no.such.module:Allocator"], "cannot import"),
+    ("bench", ["--against", "nope"], "MODULE:CLASS"),
+    ("bench", ["--repeats", "0"], "--repeats must be >= 1"),
+    ("soak", ["--ops", "-5"], "need --ops >= 1"),
+    ("soak", ["--ops", "x"], "invalid int value"),
+    ("verify", ["--max-seconds", "0"], "timeouts must be > 0"),
 ])
-def test_bad_options_are_one_line_usage_errors(tmp_path: Path, args: List[str],
+def test_bad_options_are_one_line_usage_errors(tmp_path: Path, verb: str, args: List[str],
                                                says: str) -> None:
-    budget = [] if {"--seconds", "--examples"} & set(args) else ["--examples", "1"]
-    result = run_cli("fuzz", *budget, *args, cwd=tmp_path)
+    """Exit code 2 and one line on stderr, never 1 (a finding) or a traceback."""
+    (tmp_path / "trace.json").write_text(TRACE)
+    budget = ["--examples", "1"] if verb == "fuzz" and not {"--seconds", "--examples"} & set(
+        args) else []
+    result = run_cli(verb, *budget, *args, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], result.stderr
-
-
-def test_replay_options_are_checked(tmp_path: Path) -> None:
-    for args in (["missing.json"], ["x.json", "--semantics", "nope"],
-                 ["x.json", "--call-timeout", "-1"]):
-        (tmp_path / "x.json").write_text('{"format": "prefixcache-trace/1", "num_blocks": 1, '
-                                         '"block_size": 1, "steps": []}')
-        result = run_cli("replay", *args, cwd=tmp_path)
-        assert result.returncode == 2, result.stdout + result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_real_vllm_shows_its_faults_each_replayable(tmp_path: Path) -> None:
@@ -171,7 +179,7 @@ def test_real_vllm_shows_its_faults_each_replayable(tmp_path: Path) -> None:
     latent faults (the lazy evictor heap, the bisecting prefix search, calls
     that are not all-or-nothing, stale touched ids, ...) are distinct findings."""
     report = fuzz(tmp_path, "--target", "vllm==0.8.5", "--semantics", "vllm-0.8.5",
-                  "--no-mistakes", "--seconds", "45", expect=1)
+                  "--no-mistakes", "--seconds", "20", "--max-findings", "5", expect=1)
     assert len(report["findings"]) >= 4, signatures(report)
     for finding in report["findings"]:
         assert finding["explained_by"] is None  # faults under every preset
