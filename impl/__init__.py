@@ -2,6 +2,6 @@
 
 ``vllm.core.block.X`` becomes ``prefixcache.impl.X``; ``vllm.core.evictor``
 becomes ``prefixcache.impl.evictor``.  Stricter than vLLM where
-shared/API.md section 8 says so: caller mistakes raise
+the spec says so (SPEC.md, and its semantic options): caller mistakes raise
 :class:`prefixcache.impl.errors.CallerError` subclasses and change nothing.
 """

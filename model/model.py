@@ -3,7 +3,7 @@ cache (vLLM's ``PrefixCachingBlockAllocator``) or without (``caching=False``:
 vLLM's ``NaiveBlockAllocator``).
 
 Plain dicts and lists, exact content keys and no hashes: small enough to be
-read against shared/API.md line by line.  Every public operation is
+read against SPEC.md line by line.  Every public operation is
 all-or-nothing (a failed call restores everything it touched, handles
 included) and, when ``check_invariants`` is on, ends by checking the spec's
 invariants on the model's own state.

@@ -39,7 +39,7 @@ from ..spec.abstraction import (
     abstract_state,
     is_prefix_caching,
 )
-from ..spec.invariants import check_all
+from ..spec.invariants import INVARIANTS, OWNERSHIP, check_all
 from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.state import AbstractState, BlockState, ContentKey
 from .call_timeout import CallTimeout, time_limit
@@ -57,6 +57,10 @@ BLOCK_RESULTS = frozenset({
     "allocate_mutable_block", "allocate_immutable_block", "allocate_immutable_blocks",
     "fork", "allocate_or_get_null_block",
 })
+
+#: Each invariant's statement, by name, for the message of an invariant finding.
+_MEANINGS: Dict[str, str] = {**{inv.name: inv.meaning for inv in INVARIANTS},
+                             OWNERSHIP.name: OWNERSHIP.meaning}
 
 
 class FOREIGN:
@@ -135,7 +139,7 @@ class Driver:
         self.dead: Set[str] = set()
         self.events: Counter[str] = Counter()
         self.ledger = ContentLedger()
-        self._white = white_box and self._has_internals()
+        self.white = white_box and self._has_internals()
         #: compare abstract states and invariants after each step (white-box
         #: targets only); a caller may switch it off for steps on states too
         #: big to read every step (the machine's thousand-block chains)
@@ -147,9 +151,9 @@ class Driver:
         self._previous_model_states: Optional[Dict[str, AbstractState]] = None
         self.step_events: List[str] = []
         self._foreign: Optional[Tuple[Any, Any]] = None
-        self._no_free = no_free_classes(self.allocator, *self._sub_allocators().values()) \
-            if self._white else no_free_classes(self.allocator)
-        if self._white:
+        self._no_free = no_free_classes(self.allocator, *self.sub_allocators().values()) \
+            if self.white else no_free_classes(self.allocator)
+        if self.white:
             self._before = self._target_states()
 
     # -- helpers -------------------------------------------------------------
@@ -191,7 +195,7 @@ class Driver:
                 getattr(a, "_refcounter", None) is not None for a in allocators.values())
         return getattr(alloc, "_refcounter", None) is not None
 
-    def _sub_allocators(self) -> Dict[str, Any]:
+    def sub_allocators(self) -> Dict[str, Any]:
         if self.kind == "cpu_gpu":
             return {str(getattr(d, "name", d)).upper(): a
                     for d, a in self.allocator._allocators.items()}
@@ -418,7 +422,7 @@ class Driver:
         if step.op not in ("allocate_immutable_block", "allocate_immutable_blocks"):
             return
         blocks = t_res if isinstance(t_res, list) else [t_res]
-        if self._white:  # a hit on an evictable id of other content: the hash collided
+        if self.white:  # a hit on an evictable id of other content: the hash collided
             self.ledger.observe_blocks(blocks)
             if self.ledger.collisions:
                 raise self._fail("integrity", f"{step.op}: the target answered through a "
@@ -546,7 +550,7 @@ class Driver:
             if t_id != m_id:
                 key = getattr(self.handles[name], "content_key", None)
                 held = self._content_in_use_before(t_id)
-                if key is not None and self._white:
+                if key is not None and self.white:
                     try:
                         self._target_states()  # feeds the ledger with this step's hashes
                     except Violation:
@@ -569,7 +573,7 @@ class Driver:
                                  f"({label}) is {t_free} in the target, {m_free} in the spec",
                                  "free-count")
         self._record_contents()
-        if self._white and self.state_checks:
+        if self.white and self.state_checks:
             self._compare_states(step, unchanged)
         self._note_events()
 
@@ -591,7 +595,7 @@ class Driver:
     def _target_states(self) -> Dict[str, AbstractState]:
         live = self._live_target_blocks()
         states: Dict[str, AbstractState] = {}
-        for label, alloc in self._sub_allocators().items():
+        for label, alloc in self.sub_allocators().items():
             ids = alloc.all_block_ids
             mine = [b for b in live if getattr(b, "block_id", None) in ids]
             try:
@@ -622,10 +626,10 @@ class Driver:
             owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
                              if b.block_id in state.blocks)
             broken = check_all(state, dict(owners)) if is_prefix_caching(
-                self._sub_allocators()[label]) else []
+                self.sub_allocators()[label]) else []
             if broken:
                 raise self._fail("invariant", f"{step.op}: the target's state breaks "
-                                 f"{', '.join(broken)}", broken[0])
+                                 f"{', '.join(broken)} ({_MEANINGS[broken[0]]})", broken[0])
             part, diff = _first_difference(state, models[label],
                                            ordered_free=self.target.strict)
             if diff:

@@ -44,6 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from ..spec.semantics import Semantics
 from .driver import Driver
+from .held import Seq
 from .mistakes import possible_rows, provoke, rows_for
 from .targets import Target
 from .trace import Step
@@ -76,6 +77,8 @@ class Stats:
     seen: Dict[str, Violation] = field(default_factory=dict)
     #: when the first of them was seen (time.monotonic())
     failing_since: Optional[float] = None
+    #: when one of them last got shorter (time.monotonic())
+    improved_at: Optional[float] = None
 
 
 @dataclass
@@ -95,15 +98,9 @@ class MachineConfig:
     #: (:class:`OutOfTime`), shrinking or not: a campaign's time budget ends
     #: within one step
     deadline: Optional[float] = None
-
-
-@dataclass
-class Seq:
-    """A sequence the machine holds: its blocks' names, first to last."""
-
-    names: List[str]
-    extra_hash: Optional[int]
-    device: str = "GPU"
+    #: seconds without a shorter failing example after which the next step
+    #: ends Hypothesis's shrinking (:class:`OutOfTime`); None: no limit
+    shrink_stall: Optional[float] = None
 
 
 def _length(violation: Violation) -> int:
@@ -178,7 +175,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         if self.halted:
             raise _Halted()
         config = self.config
-        if config.deadline is not None and time.monotonic() > config.deadline:
+        now = time.monotonic()
+        if config.deadline is not None and now > config.deadline:
+            raise OutOfTime()
+        improved = config.stats.improved_at
+        if config.shrink_stall is not None and improved is not None \
+                and now - improved > config.shrink_stall:
             raise OutOfTime()
         step = Step(op=op, args=args)
         found: Optional[Violation] = None
@@ -213,6 +215,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         old = stats.seen.get(violation.signature)
         if old is None or _length(violation) < _length(old):
             stats.seen[violation.signature] = violation
+            stats.improved_at = time.monotonic()
         raise as_finding(violation)
 
     def ok(self) -> bool:
@@ -230,7 +233,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def ids(self, seq: Seq) -> List[int]:
         return [self.handle(n).block_id for n in seq.names]
 
-    def _alloc_args(self, seq_device: str) -> Dict[str, Any]:
+    def alloc_args(self, seq_device: str) -> Dict[str, Any]:
         return {"device": seq_device} if self.d.kind == "cpu_gpu" else {}
 
     # -- setup ---------------------------------------------------------------
@@ -282,7 +285,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         tokens = list((prompt * (1 + (full * size) // len(prompt)))[: full * size])
         chunks = [tokens[i:i + size] for i in range(0, len(tokens), size)]
         seq = Seq([], extra, device)
-        kw = self._alloc_args(device)
+        kw = self.alloc_args(device)
         try:
             if chunks and data.draw(st.booleans(), label="one call"):
                 step = self.run("allocate_immutable_blocks", prev_block=None,
@@ -325,7 +328,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         size = self.block_size()
         first = data.draw(TOKENS, label="first token")
         chunks = [[first] + [0] * (size - 1)] + [[1] * size for _ in range(LONG_CHAIN - 1)]
-        kw = self._alloc_args("GPU")
+        kw = self.alloc_args("GPU")
         self.d.state_checks = False
         step = self.run("allocate_immutable_blocks", prev_block=None, block_token_ids=chunks,
                         extra_hash=None, **kw)
@@ -347,7 +350,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         last = self.handle(seq.names[-1])
         if last.is_full:
             step = self.run("allocate_mutable_block", prev_block=seq.names[-1],
-                            extra_hash=seq.extra_hash, **self._alloc_args(seq.device))
+                            extra_hash=seq.extra_hash, **self.alloc_args(seq.device))
             if not self.ok():
                 return
             seq.names += step.out
@@ -365,7 +368,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         prefixes shared it)."""
         seq = self.pick(data, [s for s in self.seqs if not self.handle(s.names[-1]).is_full])
         step = self.run("allocate_mutable_block", prev_block=seq.names[-1],
-                        extra_hash=seq.extra_hash, **self._alloc_args(seq.device))
+                        extra_hash=seq.extra_hash, **self.alloc_args(seq.device))
         if not self.ok():
             return
         seq.names += step.out
@@ -445,7 +448,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         seq = self.pick(data, [s for s in self.seqs if self.handle(s.names[0]).is_full])
         tokens = list(self.handle(seq.names[0]).token_ids)
         step = self.run("allocate_mutable_block", prev_block=None, extra_hash=seq.extra_hash,
-                        **self._alloc_args(seq.device))
+                        **self.alloc_args(seq.device))
         if not self.ok():
             return
         copy = Seq(step.out, seq.extra_hash, seq.device)

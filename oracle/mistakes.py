@@ -24,8 +24,8 @@ Some rows are not calls of the allocator:
   allocator type and no pair of sub-allocators, so those arguments are
   judged here, by the error table's rule.
 * ``RefCounter``, ``ReadOnlyRefCounter``, ``LRUEvictor`` and
-  ``make_evictor`` (public classes of API.md's common and evictor
-  modules): white-box only, on the target's own ``_refcounter`` and
+  ``make_evictor`` (public classes of vLLM's ``block.common`` and
+  ``evictor`` modules): white-box only, on the target's own ``_refcounter`` and
   ``evictor`` (the GPU allocator's for a device pair; a fresh
   ``make_evictor`` of the target's package for an allocator without an
   evictor).  The model has no such objects: the exception is read off the
@@ -40,16 +40,17 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 from hypothesis import strategies as st
 
 from ..impl import errors as err
+from ..model import DeviceModel, Model
 from ..spec.error_table import CPU_GPU, ERROR_TABLE, NAIVE, PREFIX, ErrorCase
 from ..spec.state import AbstractState
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .driver import Driver
+from .held import Seq
+from .targets import naive_block_class
+from .trace import Step
 
 #: The target kind (oracle.targets.KINDS) -> the error table's allocator name.
 TABLE_KIND = {"prefix": PREFIX, "naive": NAIVE, "cpu_gpu": CPU_GPU}
@@ -63,6 +64,44 @@ NOT_A_BLOCK = {"raw": "not a block"}
 
 class OracleError(RuntimeError):
     """A provoker made a call that is not a mistake: a bug of the oracle."""
+
+
+class Driver(Protocol):
+    """What this module uses of :class:`prefixcache.oracle.driver.Driver`
+    (a Protocol: the driver imports this module, not the reverse)."""
+
+    kind: str
+    allocator: Any
+    refused: Optional[str]
+    white: bool
+
+    def sub_allocators(self) -> Dict[str, Any]: ...
+
+    def model_states(self) -> Dict[str, AbstractState]: ...
+
+
+class Machine(Protocol):
+    """What the provokers use of
+    :class:`prefixcache.oracle.machine.AllocatorMachine` (a Protocol: the
+    machine imports this module, not the reverse)."""
+
+    seqs: List[Seq]
+    swapped: List[Seq]
+    detached: List[str]
+    history: List[List[str]]
+
+    @property
+    def d(self) -> Driver: ...
+
+    def run(self, op: str, **args: Any) -> Step: ...
+
+    def ok(self) -> bool: ...
+
+    def handle(self, name: str) -> Any: ...
+
+    def block_size(self) -> int: ...
+
+    def alloc_args(self, seq_device: str) -> Dict[str, Any]: ...
 
 
 # ----------------------------------------------------------------------------
@@ -79,7 +118,7 @@ SPECIAL_OPS = COMPONENT_OPS | {"__init__", "create", "free_block_id", "is_block_
 
 def _part(driver: Driver) -> Any:
     """The allocator whose internals the component rows use."""
-    return driver._sub_allocators()["GPU" if driver.kind == "cpu_gpu" else ""]
+    return driver.sub_allocators()["GPU" if driver.kind == "cpu_gpu" else ""]
 
 
 def _label(driver: Driver) -> str:
@@ -117,7 +156,7 @@ def _evictor_module_of(modules: Tuple[str, ...]) -> Any:
 def components_reachable(driver: Driver) -> bool:
     """White-box with a ``_refcounter`` and an evictor module to use."""
     part = _part(driver)
-    return (driver._white and getattr(part, "_refcounter", None) is not None
+    return (driver.white and getattr(part, "_refcounter", None) is not None
             and _evictor_module(part) is not None)
 
 
@@ -187,15 +226,11 @@ def _target_constructor(driver: Driver, op: str, args: Dict[str, Any]) -> Any:
                 for d in ("cpu", "gpu")}
         return cls(**pair)
     if driver.kind == "naive":
-        from .targets import _naive_block_class
-
-        return cls(**{"create_block": _naive_block_class(cls), **args})
+        return cls(**{"create_block": naive_block_class(cls), **args})
     return cls(**args)
 
 
 def _model_constructor(driver: Driver, op: str, args: Dict[str, Any]) -> Any:
-    from ..model import DeviceModel, Model
-
     if op == "create":
         if args["allocator_type"] not in ("naive", "prefix_caching"):
             raise err.InvalidArgumentError(f"unknown allocator type {args['allocator_type']!r}")
@@ -251,7 +286,6 @@ def call_special(driver: Driver, side: str, op: str, args: Dict[str, Any]) -> An
 # ----------------------------------------------------------------------------
 # the provokers
 
-Machine = Any  # the AllocatorMachine of oracle.machine (a class made per target)
 Possible = Callable[[Machine], bool]
 Provoke = Callable[[Machine, st.DataObject], bool]
 
@@ -284,7 +318,7 @@ def _draw(data: st.DataObject, items: List[Any], label: str) -> Any:
 
 
 def _kw(m: Machine, device: str = "GPU") -> Dict[str, Any]:
-    return dict(m._alloc_args(device))
+    return dict(m.alloc_args(device))
 
 
 def _refcount(m: Machine, name: str, device: str = "GPU") -> int:
@@ -311,8 +345,6 @@ def _fill(m: Machine, device: str = "GPU") -> bool:
 def _new_seq(m: Machine, step: Any, like: Any = None, device: str = "GPU") -> Any:
     """Hold the Blocks a valid set-up step handed out as a new sequence
     (on ``like``'s device, with its extra hash, if given)."""
-    from .machine import Seq
-
     seq = Seq(list(step.out), like.extra_hash if like else None, like.device if like else device)
     m.seqs.append(seq)
     m.history.append(seq.names)

@@ -2,12 +2,19 @@
 collecting every distinct finding.
 
 Each batch runs the oracle's state machine for a few examples with its own
-seed, derived from the campaign's seed, so a campaign is reproducible.  A
-violation fails the batch and Hypothesis shrinks it (each signature apart:
-see :func:`~prefixcache.oracle.violations.as_finding`); the shrunk finding is
+seed, derived from the campaign's seed, so a campaign is reproducible.  The
+first violation ends the batch's generation and Hypothesis shrinks it alone,
+never into another signature (see
+:func:`~prefixcache.oracle.violations.as_finding`); the shrunk finding is
 recorded and its signature becomes *known*, so from the next batch on an
 example that meets it again is halted quietly and the search goes on
-looking for others.  A hang is recorded as it happens, unshrunk.
+looking for others.  When Hypothesis's shrinking stalls
+(:data:`SHRINK_STALL`), :func:`~prefixcache.oracle.minimise.minimise`
+finishes it on the trace.  One finding per batch, not Hypothesis's multi-bug mode:
+that mode shrinks every failure of a batch together, and on real vLLM 0.8.5
+(two dozen distinct findings in the first batch) it shrank none to the end in
+120 s; one at a time, each takes seconds.  A hang is recorded as it happens,
+unshrunk.
 
 The time budget bounds everything: past it the next step of any example ends
 the batch, shrinking included (a batch cut short while shrinking reports
@@ -31,6 +38,7 @@ from hypothesis.statistics import collector
 from ..spec.semantics import Semantics
 from .findings import Finding, Findings
 from .machine import OutOfTime, Stats, make_machine
+from .minimise import minimise
 from .target_log import LogTally, captured_logs
 from .targets import Target
 from .violations import Violation
@@ -38,6 +46,11 @@ from .violations import Violation
 #: Examples per batch: small, so that a known finding stops being searched
 #: for soon after it is found, and the budget is checked often.
 BATCH_EXAMPLES = 25
+
+#: Seconds without a shorter failing example after which Hypothesis's
+#: shrinking is ended and :func:`~prefixcache.oracle.minimise.minimise`
+#: finishes the job on the trace.
+SHRINK_STALL = 2.0
 
 
 @dataclass
@@ -121,7 +134,7 @@ def violations_in(exc: BaseException) -> List[Violation]:
     return found
 
 
-def _batch_settings(options: SearchOptions, examples: int, stop_at_first: bool) -> settings:
+def _batch_settings(options: SearchOptions, examples: int) -> settings:
     base = options.base if options.base is not None else settings()
     # no explain phase: it varies the shrunk example to say which parts do not
     # matter, which is unbounded by the shrinking limit (minutes per finding)
@@ -130,7 +143,7 @@ def _batch_settings(options: SearchOptions, examples: int, stop_at_first: bool) 
         phases = [p for p in phases if p is not Phase.shrink]
     return settings(base, max_examples=examples, database=options.database, derandomize=False,
                     print_blob=False, verbosity=Verbosity.quiet, phases=phases,
-                    report_multiple_bugs=options.shrink and not stop_at_first)
+                    report_multiple_bugs=False)
 
 
 def search(target: Target, budget: Budget, options: SearchOptions, *,
@@ -153,7 +166,6 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
         options.seed * 1_000_003 + options.worker)
     stats = outcome.stats
     hangs_seen = 0
-    stop_at_first = budget.max_findings == 1
     with captured_logs() as log:
         outcome.log = log
         while True:
@@ -166,16 +178,17 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
             if budget.examples is not None:
                 size = max(1, min(size, budget.examples - stats.examples))
             phases: List[Dict[str, Any]] = []
-            stats.seen, stats.failing_since = {}, None
-            machine.config.deadline = None if budget.seconds is None else start + budget.seconds
+            stats.seen, stats.failing_since, stats.improved_at = {}, None, None
+            deadline = None if budget.seconds is None else start + budget.seconds
+            machine.config.deadline = deadline
+            machine.config.shrink_stall = SHRINK_STALL if options.shrink else None
             found: List[Violation] = []
-            shrunk = options.shrink
             try:
                 with collector.with_value(phases.append):  # type: ignore[arg-type]
                     run_state_machine_as_test(
-                        machine, settings=_batch_settings(options, size, stop_at_first))
-            except OutOfTime:  # what shrinking had reached is kept, as not shrunk
-                found, shrunk = list(stats.seen.values()), False
+                        machine, settings=_batch_settings(options, size))
+            except OutOfTime:  # the budget ended or shrinking stalled: keep what it reached
+                found = list(stats.seen.values())
                 if stats.failing_since is not None:
                     outcome.shrink_seconds += time.monotonic() - stats.failing_since
             except BaseException as exc:  # findings, or a bug of ours (re-raised)
@@ -188,7 +201,8 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
                 if progress is not None:
                     outcome.seconds = time.monotonic() - start
                     progress(outcome)
-            new = [Finding(v, shrunk=shrunk) for v in found]
+            new = [_shrunk(v, target, options, deadline, outcome) if options.shrink
+                   else Finding(v, shrunk=False) for v in found]
             new += [Finding(v, shrunk=False) for v in stats.hangs[hangs_seen:]]
             hangs_seen = len(stats.hangs)
             for finding in new:
@@ -199,6 +213,20 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
                 findings.add(finding)
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _shrunk(violation: Violation, target: Target, options: SearchOptions,
+            deadline: Optional[float], outcome: Outcome) -> Finding:
+    """The finding of ``violation`` once its trace is minimised (the time
+    it takes counts as shrinking)."""
+    began = time.monotonic()
+    try:
+        shortest, minimal = minimise(violation, target, semantics=options.semantics,
+                                     white_box=options.white_box,
+                                     call_timeout=options.call_timeout, deadline=deadline)
+    finally:
+        outcome.shrink_seconds += time.monotonic() - began
+    return Finding(shortest, shrunk=minimal)
 
 
 def _exhausted(budget: Budget, stats: Stats, found: int, left: Optional[float]) -> str:

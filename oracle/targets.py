@@ -68,10 +68,6 @@ class Target:
 def load_object(spec: str) -> Any:
     """The object ``MODULE:NAME`` names (``NAME`` may be dotted); TargetError
     when it cannot be imported or found."""
-    return _load(spec)
-
-
-def _load(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise TargetError(f"a target is named MODULE:CLASS, got {spec!r}")
@@ -124,7 +120,9 @@ def _guess_kind(cls: type) -> str:
     return "naive" if "create_block" in params else "prefix"
 
 
-def _naive_block_class(cls: type) -> Any:
+def naive_block_class(cls: type) -> Any:
+    """The Block class a naive allocator class builds its Blocks with: its
+    module's ``NaiveBlock``, else prefixcache's."""
     module = importlib.import_module(cls.__module__)
     block = getattr(module, "NaiveBlock", None)
     if block is None:
@@ -141,7 +139,7 @@ def _builder(target: Any, kind: str, options: Dict[str, Any]) -> Callable[[int, 
         allocator_type = "prefix_caching"
         return lambda n, size: obj.create(allocator_type, n, n, size, **options)
     if kind == "naive" and is_class:
-        block_cls = _naive_block_class(obj)
+        block_cls = naive_block_class(obj)
         return lambda n, size: obj(create_block=block_cls, num_blocks=n, block_size=size,
                                    **options)
     if is_class:
@@ -166,7 +164,7 @@ def resolve_target(
     if kind is not None and kind not in KINDS:
         raise TargetError(f"kind must be one of {KINDS}, got {kind!r}")
     if isinstance(target, str):
-        obj = _vllm_class(target) if target.startswith(VLLM_PREFIX) else _load(target)
+        obj = _vllm_class(target) if target.startswith(VLLM_PREFIX) else load_object(target)
         name = target
     elif callable(target):
         obj = target

@@ -343,7 +343,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     version = crosshair_version()
     if version is None:
-        print("prefixcache verify: crosshair-tool is not installed", file=sys.stderr)
+        print("prefixcache verify: CrossHair is not installed; install the verify extra: "
+              "pip install 'prefixcache[verify]' (or -e '.[verify]' in a clone)", file=sys.stderr)
         return 2
     targets = list(args.targets) or list(DEFAULT_TARGETS)
     try:

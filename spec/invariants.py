@@ -252,8 +252,8 @@ OWNERSHIP: OwnershipInvariant = OwnershipInvariant(
 )
 """The invariant that needs the live Blocks as well as the state."""
 
-#: The invariants grouped into the categories a violation report names.
-CATEGORIES: Mapping[str, Tuple[str, ...]] = {
+#: The invariants in groups of one concern each (SPEC.md's "group" column).
+GROUPS: Mapping[str, Tuple[str, ...]] = {
     "partition": ("ids_well_formed", "partition", "refcounts_non_negative"),
     "counting": ("counting",),
     "ownership": ("ownership_matches",),
@@ -279,12 +279,12 @@ CATEGORIES: Mapping[str, Tuple[str, ...]] = {
 }
 
 
-def category_of(name: str) -> str:
-    """Return the category (a key of :data:`CATEGORIES`) of an invariant name,
+def group_of(name: str) -> str:
+    """Return the group (a key of :data:`GROUPS`) of an invariant name,
     or ``"other"`` for a name no category lists."""
-    for category, names in CATEGORIES.items():
+    for group, names in GROUPS.items():
         if name in names:
-            return category
+            return group
     return "other"
 
 
@@ -298,7 +298,7 @@ def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[s
 
 
 __all__ = [
-    "CATEGORIES",
+    "GROUPS",
     "INVARIANTS",
     "Invariant",
     "OWNERSHIP",
@@ -306,7 +306,7 @@ __all__ = [
     "OwnershipInvariant",
     "cached_content_matches",
     "cached_ids_distinct",
-    "category_of",
+    "group_of",
     "check_all",
     "content_is_cached",
     "content_whole_blocks",

@@ -106,11 +106,11 @@ def render_invariants() -> str:
     """Every invariant, in registry order: its name, category and meaning;
     the ownership invariant last."""
     out = [_doc(invariants).split("\n\n")[0], "",
-           "| # | invariant | category | meaning |", "|---|---|---|---|"]
+           "| # | invariant | group | meaning |", "|---|---|---|---|"]
     rows: List[Tuple[str, str]] = [(i.name, i.meaning) for i in invariants.INVARIANTS]
     rows.append((invariants.OWNERSHIP.name, invariants.OWNERSHIP.meaning))
     for k, (name, meaning) in enumerate(rows, 1):
-        out.append(f"| {k} | `{name}` | {invariants.category_of(name)} | {one_line(meaning)} |")
+        out.append(f"| {k} | `{name}` | {invariants.group_of(name)} | {one_line(meaning)} |")
     return "\n".join(out) + "\n"
 
 

@@ -1185,7 +1185,7 @@ def _broken_invariants(driver: Any) -> List[str]:
     """The invariants the driver would find broken in the target now."""
     names: List[str] = []
     live = driver._live_target_blocks()
-    for allocator in driver._sub_allocators().values():
+    for allocator in driver.sub_allocators().values():
         if not is_prefix_caching(allocator):
             continue
         ids = set(allocator.all_block_ids)

@@ -2,8 +2,8 @@
 Block, BlockTracker, ComputedBlocksTracker and LastAccessBlocksTracker.
 
 Every id, hash, evictor entry, tracker field and metric below is worked out
-from shared/API.md sections 2, 3 and 5 (plus section 8 where prefixcache is
-stricter); rejected calls are checked with the shared snapshot helper."""
+from vLLM 0.8.5's documented behaviour (SPEC.md; its stricter rules where
+prefixcache is stricter); rejected calls are checked with the shared snapshot helper."""
 
 from __future__ import annotations
 

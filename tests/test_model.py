@@ -1,5 +1,6 @@
 """Hand-worked scenarios for the abstract model: every id and result below was
-worked out on paper from shared/API.md, not read off the model."""
+worked out on paper from vLLM 0.8.5's documented behaviour (SPEC.md), not
+read off the model."""
 
 from __future__ import annotations
 
@@ -658,7 +659,7 @@ _NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
 
 
 def test_the_model_is_at_most_a_third_of_the_impl() -> None:
-    """DESIGN.md: the model stays small enough to be read and trusted."""
+    """The model stays small enough to be read and trusted (README: the model)."""
     model, impl = _code_lines("model"), _code_lines("impl")
     assert impl > 1000 and model > 300  # the counter sees both folders
     assert 3 * model <= impl, f"model/ has {model} lines of code, impl/ {impl}"

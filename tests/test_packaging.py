@@ -3,7 +3,9 @@
 Builds a wheel from this checkout, installs it into a fresh virtual
 environment and imports it from another directory: ``prefixcache.impl`` and
 friends import, and nothing named ``spec``, ``model``, ``impl`` or
-``oracle`` lands in site-packages.
+``oracle`` lands in site-packages.  The default install is lean: what the
+drop-in and ``fuzz``/``replay``/``bench`` need, no test tools and no solver
+(CrossHair comes with the ``verify`` extra).
 """
 
 from __future__ import annotations
@@ -59,3 +61,13 @@ def test_wheel_installs_only_the_prefixcache_import_root(tmp_path: Path) -> None
     assert top_level <= {"prefixcache", "prefixcache-0.1.0.dist-info", "..", "bin"}, top_level
     for package in ("spec", "model", "impl", "oracle"):
         assert any(name.startswith(f"prefixcache/{package}/") for name in files), package
+    requires = subprocess.run(
+        [str(python), "-c",
+         "import importlib.metadata as m; print('\\n'.join(m.requires('prefixcache')))"],
+        cwd=elsewhere, check=True, capture_output=True, text=True,
+    ).stdout.splitlines()
+    default = {r.split(">")[0].split("=")[0].split("[")[0].strip()
+               for r in requires if "extra ==" not in r}
+    assert default == {"hypothesis", "icontract", "rich"}, default
+    verify = [r for r in requires if "extra == \"verify\"" in r]
+    assert any(r.startswith("crosshair-tool") for r in verify), verify

@@ -437,7 +437,7 @@ def test_every_prefix_row_has_a_scenario() -> None:
     assert missing == []
 
 
-#: Rows the impl did not honour when this was written (reported to the lead):
+#: Rows the impl did not honour when this was written:
 #: expected failures, to be removed once the impl is fixed (they then XPASS).
 def _rows_with_marks() -> List[Any]:
     out = []

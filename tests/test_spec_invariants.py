@@ -96,8 +96,8 @@ def test_registry_entries_are_named_and_explained() -> None:
     for i in inv.INVARIANTS:
         assert i.check is getattr(inv, i.name)
         assert i.meaning and i.meaning.endswith(".")
-        assert inv.category_of(i.name) != "other"
-    assert inv.category_of(inv.OWNERSHIP.name) == "ownership"
+        assert inv.group_of(i.name) != "other"
+    assert inv.group_of(inv.OWNERSHIP.name) == "ownership"
 
 
 @pytest.mark.parametrize("name", sorted(BREAKERS))

@@ -98,3 +98,12 @@ def test_the_command_names_the_target_by_module_and_bounds_it() -> None:
     env = V.child_env([str(TESTS)])
     assert env["PREFIXCACHE_EXPLORE"] == "1" and env["PREFIXCACHE_CONTRACTS"] == "1"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(TESTS)
+
+
+def test_without_crosshair_it_names_the_extra_and_exits_2(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(V, "crosshair_version", lambda: None)
+    assert main(["verify", "--list"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "prefixcache[verify]" in err

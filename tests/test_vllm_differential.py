@@ -35,7 +35,7 @@ Only calls that are valid for vLLM are generated: a call that needs ids is
 made only when vLLM's free count covers what it takes (vLLM is not
 all-or-nothing), so neither side ever raises.
 
-Deliberate differences (shared/API.md section 8 and the lead's choices),
+Deliberate differences (where SPEC.md is stricter than vLLM 0.8.5),
 tolerated or avoided here:
 
 (a) ``cow_block_if_not_appendable`` called directly: vLLM leaves the Block
@@ -66,8 +66,8 @@ tolerated or avoided here:
     parent; ours gives it no hash.  Never generated: a new block is only
     appended after a full tail.
 (e) vLLM's LRU evictor is a lazy heap that goes wrong in two ways, both
-    fixed in ours (API.md section 8: "the eviction order is exactly the
-    documented one at every moment").  Minimal examples, block size 1, run
+    fixed in ours (SPEC.md: the eviction order is exactly the
+    documented one at every moment).  Minimal examples, block size 1, run
     by ``test_vllm_evictor_bugs_are_fixed`` below:
 
     1. ``update`` does not push a heap entry, so a block marked accessed
@@ -215,7 +215,7 @@ def _vllm_eviction_sequence(evictor: Any) -> List[Optional[Tuple[int, int]]]:
 
 
 def _documented_eviction_sequence(evictor: Any) -> List[Tuple[int, int]]:
-    """The eviction order of API.md section 3, from the free table alone."""
+    """The documented eviction order (SPEC.md), from the free table alone."""
     entries = sorted(
         (meta.last_accessed, -meta.num_hashed_tokens, block_id, meta.content_hash)
         for block_id, meta in evictor.free_table.items()
