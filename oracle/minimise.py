@@ -14,6 +14,8 @@ its replay breaks the same rule (same signature) as the finding.  A candidate
 whose steps no longer make sense (a Block used before the step that made it
 was deleted) is simply not kept.  The result is *1-minimal* when it returns
 ``True``: no single step can be deleted, and one id fewer does not fail.
+A trace whose replay does not end in the same finding (a target that is
+not deterministic) is returned as it is, not minimal.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def minimise(violation: Violation, target: Target, *, semantics: Semantics,
 
     def out_of_time() -> bool:
         return deadline is not None and time.monotonic() > deadline
+
+    if out_of_time() or not attempt(trace):  # a trace that does not replay alike
+        return violation, False
 
     while True:
         changed = False
