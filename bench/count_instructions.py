@@ -52,8 +52,8 @@ def child(workload_path: str, target: str, replay: bool) -> int:
     print the call count and fingerprint."""
     import gc
 
-    from prefixcache.oracle.bench import load_target
-    from prefixcache.oracle.benchdriver import Machine, compile_workload
+    from prefixcache.bench.benchmark import load_target
+    from prefixcache.bench.replayer import Machine, compile_workload
 
     with open(workload_path, "rb") as handle:
         workload = pickle.load(handle)
@@ -102,8 +102,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is not on PATH", file=sys.stderr)
         return 2
-    from prefixcache.oracle.benchdriver import plan
-    from prefixcache.oracle.workload import WorkloadConfig
+    from prefixcache.bench.replayer import plan
+    from prefixcache.bench.workload import WorkloadConfig
 
     config = WorkloadConfig(num_blocks=args.blocks, block_size=args.block_size,
                             max_running=args.running, num_requests=args.requests,

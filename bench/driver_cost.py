@@ -26,10 +26,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional
 
-from prefixcache.oracle.bench import load_target, measure
-from prefixcache.oracle.benchdriver import CALL_NAMES, Machine, Plan, plan
+from prefixcache.bench.benchmark import load_target, measure
+from prefixcache.bench.replayer import CALL_NAMES, Machine, Plan, plan
+from prefixcache.bench.workload import WorkloadConfig
 from prefixcache.oracle.targets import Target
-from prefixcache.oracle.workload import WorkloadConfig
 
 
 class StandInBlock:

@@ -1,6 +1,6 @@
 """Produce and record prefixcache's benchmark figures in bench/RESULTS.md.
 
-Runs, each in a fresh Python process (``python -m prefixcache.oracle.bench``,
+Runs, each in a fresh Python process (``python -m prefixcache.bench.benchmark``,
 the same code as ``prefixcache bench``):
 
 1. prefixcache.impl against vLLM 0.8.5's own allocator on the default
@@ -48,7 +48,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from prefixcache.oracle.bench import round_ratios, spread_text
+from prefixcache.bench.benchmark import round_ratios, spread_text
 from prefixcache.oracle.targets import CHECKED_TARGET as CHECKED
 from prefixcache.oracle.targets import DEFAULT_TARGET as PLAIN
 
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[str, Any]:
     """Run one ``prefixcache bench`` in a child process; return its JSON."""
-    command = [sys.executable, "-m", "prefixcache.oracle.bench", *args, "--json", str(json_path)]
+    command = [sys.executable, "-m", "prefixcache.bench.benchmark", *args, "--json", str(json_path)]
     print("$", _shown(args, env), flush=True)
     proc = subprocess.run(command, env={**os.environ, **env}, cwd=ROOT)
     if proc.returncode not in (0, 1) or not json_path.is_file():

@@ -4,7 +4,7 @@ By default it checks :mod:`prefixcache.spec.pure` (the cores: content-key
 chaining, the prefix search, the eviction choice, the hit rate),
 :mod:`prefixcache.spec.pure_checks` (the spec's own code against the cores,
 and the invariants on small states its steps build) and
-:mod:`prefixcache.oracle.pure_model` (the model's answers against the same
+:mod:`prefixcache.model.pure_model` (the model's answers against the same
 cores); any modules or functions named on the command line instead.
 
 How.  A child process imports the targets and lists every function that
@@ -43,7 +43,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 DEFAULT_TARGETS: Tuple[str, ...] = (
     "prefixcache.spec.pure",
     "prefixcache.spec.pure_checks",
-    "prefixcache.oracle.pure_model",
+    "prefixcache.model.pure_model",
 )
 """What ``prefixcache verify`` checks when no target is named."""
 

@@ -21,10 +21,8 @@ VERBS: Tuple[Tuple[str, str, str], ...] = (
      "re-run a JSON trace against a target, step by step against the model"),
     ("verify", "prefixcache.oracle.verify",
      "CrossHair over the pure functions of the spec and the model"),
-    ("bench", "prefixcache.oracle.bench",
-     "time an allocator on a realistic serving workload"),
-    ("soak", "prefixcache.oracle.soak",
-     "a long random workload with periodic full invariant checks"),
+    ("bench", "prefixcache.bench.benchmark",
+     "time an allocator on a realistic serving workload (--soak: check it, long)"),
 )
 
 

@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 from typing import Any, List
 
+import broken_allocators
 import pytest
 
-from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
-from prefixcache.oracle import bench
-from prefixcache.oracle.benchdriver import (
+from prefixcache.bench import benchmark as bench
+from prefixcache.bench.replayer import (
     CALL_NAMES,
     FREE_DECODE,
     MARK_COMPUTED,
@@ -25,8 +25,10 @@ from prefixcache.oracle.benchdriver import (
     fuse,
     plan,
 )
+from prefixcache.bench.soak import soak
+from prefixcache.bench.workload import OP_KINDS, WorkloadConfig
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 from prefixcache.oracle.targets import Target, resolve_target
-from prefixcache.oracle.workload import OP_KINDS, WorkloadConfig
 
 TINY = WorkloadConfig(num_blocks=48, block_size=4, max_running=4, num_requests=16,
                       seed=3, system_prompt_tokens=(4, 40), user_tokens=(1, 12),
@@ -250,3 +252,30 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
     assert f"from {rounds[0]:.3g}x to {rounds[-1]:.3g}x)" in text
     assert ("checked (contracts off) 1,000,200, plain impl 1,000,000: **1.0002x**; "
             "id fingerprints identical.") in text
+
+
+def test_the_soak_checks_a_correct_allocator_and_finds_nothing() -> None:
+    report = soak(resolve_target(), plan(TINY), TINY.num_blocks, TINY.block_size,
+                  check_every=50)
+    assert report.ok, report.violations
+    assert report.white_box and report.rounds == 2 and report.checks > 2
+    assert report.calls == 2 * plan(TINY).program.calls
+    assert len(report.memory_after_round) == 2
+
+
+@pytest.mark.parametrize("fault", ["ForkMissesFirstBlock", "ResetLeavesEvictor",
+                                   "EvictionKeepsStaleHash", "FreeCountWithoutEvictable"])
+def test_the_soak_finds_a_planted_fault(fault: str) -> None:
+    target = resolve_target(getattr(broken_allocators, fault))
+    report = soak(target, plan(TINY), TINY.num_blocks, TINY.block_size, check_every=20)
+    assert not report.ok
+
+
+def test_the_soak_is_an_option_of_the_verb(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "soak.json"
+    code = bench.main(["--soak", "--blocks", "48", "--block-size", "4", "--requests", "12",
+                       "--running", "4", "--check-every", "100", "--json", str(out)])
+    assert code == 0, capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["ok"] and data["format"] == "prefixcache-soak/1" and data["checks"] >= 2

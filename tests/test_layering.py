@@ -1,6 +1,7 @@
 """The package's imports point one way: impl <- spec <- model <- oracle <- the
-CLI, with no cycle (imports inside functions and under TYPE_CHECKING
-included) and no import of another module's private names."""
+CLI, with the bench beside the oracle and using it; no cycle (imports inside
+functions and under TYPE_CHECKING included) and no import of another
+module's private names."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ from typing import Dict, List, Set
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = {"impl": 0, "spec": 1, "model": 2, "oracle": 3, "cli": 4}
+LAYERS = {"impl": 0, "spec": 1, "model": 2, "oracle": 3, "bench": 4, "cli": 5}
 
 
 def _modules() -> Dict[str, Path]:
     found = {"prefixcache.cli": ROOT / "prefixcache" / "cli.py"}
-    for part in ("impl", "spec", "model", "oracle"):
+    for part in ("impl", "spec", "model", "oracle", "bench"):
         for path in (ROOT / part).rglob("*.py"):
             names = ["prefixcache", part, *path.relative_to(ROOT / part).with_suffix("").parts]
             found[".".join(names[:-1] if names[-1] == "__init__" else names)] = path

@@ -157,8 +157,8 @@ TRACE = ('{"format": "prefixcache-trace/1", "num_blocks": 1, "block_size": 1, '
     ("bench", ["--target", "no.such.module:Allocator"], "cannot import"),
     ("bench", ["--against", "nope"], "MODULE:CLASS"),
     ("bench", ["--repeats", "0"], "--repeats must be >= 1"),
-    ("soak", ["--ops", "-5"], "need --ops >= 1"),
-    ("soak", ["--ops", "x"], "invalid int value"),
+    ("bench", ["--soak", "--rounds", "0"], "--rounds must be >= 1"),
+    ("bench", ["--soak", "--check-every", "x"], "invalid int value"),
     ("verify", ["--max-seconds", "0"], "timeouts must be > 0"),
 ])
 def test_bad_options_are_one_line_usage_errors(tmp_path: Path, verb: str, args: List[str],

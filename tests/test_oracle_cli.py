@@ -30,7 +30,7 @@ def test_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for verb in ("fuzz", "replay", "verify", "bench", "soak"):
+    for verb in ("fuzz", "replay", "verify", "bench"):
         assert verb in out
 
 

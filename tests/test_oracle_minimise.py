@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 
+from oracle_faults import WrongHitRateAndCommonPrefix
+
 from prefixcache.oracle.minimise import minimise
 from prefixcache.oracle.replay import replay
 from prefixcache.oracle.targets import resolve_target
 from prefixcache.oracle.trace import Step, Trace
 from prefixcache.oracle.violations import Violation
 from prefixcache.spec.semantics import Semantics
-
-from oracle_faults import WrongHitRateAndCommonPrefix
 
 SIGNATURE = "conformance/get_prefix_cache_hit_rate/result"
 

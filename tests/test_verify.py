@@ -46,7 +46,7 @@ def test_list_names_every_function_and_postcondition(
     assert main(["verify", "--list"]) == 0
     out = capsys.readouterr().out
     assert "prefixcache.spec.pure.longest_ready_prefix" in out
-    assert "prefixcache.oracle.pure_model.model_eviction_agrees" in out
+    assert "prefixcache.model.pure_model.model_eviction_agrees" in out
     assert "ensures: the victim is the entry minimal under" in out
 
 

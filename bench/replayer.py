@@ -3,7 +3,7 @@ into a flat program of allocator calls and runs it on any allocator with
 vLLM's single-device API, using only the public API.
 
 * :class:`Compiler` translates each workload operation (see
-  :mod:`prefixcache.oracle.workload`) into the calls vLLM 0.8.5's block
+  :mod:`prefixcache.bench.workload`) into the calls vLLM 0.8.5's block
   manager would make: ``BlockTable.allocate``'s immutable blocks plus a
   mutable tail, one ``append_token_ids`` per decoded token (a new mutable
   block when the last is full) followed by ``clear_copy_on_writes``,

@@ -1,8 +1,8 @@
 """``prefixcache bench``: time an allocator on a realistic serving workload.
 
-The workload (:mod:`prefixcache.oracle.workload`) is generated once per pool
+The workload (:mod:`prefixcache.bench.workload`) is generated once per pool
 size, planned on prefixcache.impl, compiled into a flat program of allocator
-calls (:mod:`prefixcache.oracle.benchdriver`) and replayed on each target:
+calls (:mod:`prefixcache.bench.replayer`) and replayed on each target:
 
 * throughput: the whole program, best of ``--repeats`` replays, each on a
   fresh allocator (construction not timed), without per-call timing, by
@@ -26,7 +26,9 @@ calls (:mod:`prefixcache.oracle.benchdriver`) and replayed on each target:
 interleaved with the first (``--against vllm``: vLLM 0.8.5's own allocator,
 obtained by :mod:`prefixcache.oracle.vllm_source`).
 ``--scaling`` prints the per-call cost for pool sizes from 1,000 to
-1,000,000 blocks on one and the same program.
+1,000,000 blocks on one and the same program.  ``--soak`` replays the
+roomy pool's program on the target, checked as it goes (:mod:`.soak`),
+instead of timing it.
 
 A benchmark is not a test: nothing here asserts a timing.  Exit code 0,
 1 when a target raised or diverged, 2 for a usage error.
@@ -46,9 +48,10 @@ from pathlib import Path
 from time import perf_counter_ns, process_time_ns
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import vllm_source
-from .benchdriver import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
-from .targets import Target, TargetError, check_allocator, resolve_target
+from ..oracle import vllm_source
+from ..oracle.targets import Target, TargetError, check_allocator, resolve_target
+from .replayer import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
+from .soak import print_report, soak
 from .workload import WorkloadConfig
 
 VLLM = "vllm"
@@ -492,6 +495,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scaling-fill", type=float, default=0.5,
                         help="fraction of each --scaling pool made cached, computed and evictable "
                              "before timing (0.5)")
+    parser.add_argument("--soak", action="store_true",
+                        help="replay the workload --rounds times on one allocator with the "
+                        "spec's invariants checked, instead of timing it")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="--soak: replays of the program on one allocator (2)")
+    parser.add_argument("--check-every", type=int, default=10_000, metavar="N",
+                        help="--soak: full invariant check every N instructions "
+                        "(10000; 0: after each round only)")
     parser.add_argument("--vllm-cache", default=None, metavar="DIR",
                         help="cache directory of the vLLM 0.8.5 wheel (for --against vllm; "
                              "default $PREFIXCACHE_VLLM_CACHE or ~/.cache/prefixcache/vllm-0.8.5)")
@@ -522,10 +533,17 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--repeats must be >= 1")
         if not 0.0 <= args.scaling_fill < 1.0:
             raise ValueError("--scaling-fill must be in [0, 1)")
+        if args.rounds < 1 or args.check_every < 0:
+            raise ValueError("--rounds must be >= 1 and --check-every >= 0")
     except (TargetError, ValueError) as exc:
         print(f"prefixcache bench: {exc}", file=sys.stderr)
         return 2
 
+    if args.soak:
+        config = configs[0][1]
+        return print_report(soak(targets[0], plan(config), config.num_blocks,
+                                 config.block_size, rounds=args.rounds,
+                                 check_every=args.check_every), args.json)
     status = console.status("planning")
     progress = status.update if console.is_terminal else None
     reports: List[PoolReport] = []
@@ -587,7 +605,7 @@ class _nothing:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m prefixcache.oracle.bench [options]``: the verb on its own."""
+    """``python -m prefixcache.bench.benchmark [options]``: the verb on its own."""
     parser = argparse.ArgumentParser(prog="prefixcache bench", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

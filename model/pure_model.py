@@ -16,8 +16,8 @@ stopping at the first false item, and CrossHair 0.0.113's ``all`` keeps
 evaluating the generator after a symbolic false, so it reports an
 ``IndexError`` that plain Python never raises.
 
-It lives in oracle/ because it needs both the model and the spec (the spec
-must not import the model).  The exploration bounds and the on/off switch
+It lives with the model, which may import the spec (the spec never imports
+the model).  The exploration bounds and the on/off switch
 are those of :mod:`prefixcache.spec.pure`.  Every function is pure as seen
 from outside: each builds its own model and returns a value.
 """
@@ -29,10 +29,10 @@ from typing import Any, Callable, Optional, Sequence, Tuple, TypeVar
 
 import icontract
 
-from prefixcache.model import Model
-from prefixcache.spec import contracts as C
-from prefixcache.spec import pure as P
-from prefixcache.spec import pure_checks as PC
+from ..spec import contracts as C
+from ..spec import pure as P
+from ..spec import pure_checks as PC
+from .model import Model
 
 F = TypeVar("F", bound=Callable[..., Any])
 
