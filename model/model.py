@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import math
 from collections import Counter
 from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from ..impl import errors as err
+from ..spec.invariants import check_all
+from ..spec.pure import chain_key
 from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState, ContentKey, EvictorEntry
 from .errors import ChoiceNotAllowed, ModelInvariantError
@@ -188,7 +189,7 @@ class Model:
         for toks in (self._tokens(t, self.block_size) for t in blocks):
             if self.caching and len(toks) < self.block_size:
                 raise err.UnhashableBlockError("an immutable block must be full")
-            keys.append(keys[-1] + ((extra, toks),))
+            keys.append(chain_key(keys[-1], extra, toks))
         out: list[Handle] = []
         for key in keys[1:]:
             h = Handle(self, self.block_size, prev, list(key[-1][1]), extra)
@@ -225,7 +226,7 @@ class Model:
         prev = h.prev_block
         if not (self.caching and h.is_full) or (prev is not None and prev.key is None):
             return
-        h.key = _base(prev) + ((h.extra_hash, tuple(h.token_ids)),)
+        h.key = chain_key(_base(prev), h.extra_hash, tuple(h.token_ids))
         if h.block_id is None:
             return
         if h.key not in self._cached:
@@ -626,8 +627,7 @@ class Model:
             h.token_ids[:] = toks
 
     def _self_check(self) -> None:
-        check_all = _invariants() if self.check_invariants else None
-        if check_all is not None:
+        if self.check_invariants:
             broken = check_all(self.state(), self.ownership())
             if broken:
                 raise ModelInvariantError(broken)
@@ -646,15 +646,3 @@ def _is_content_key(k: object) -> bool:
 def _base(prev: Optional[Handle]) -> ChainKey:
     """The content a block after ``prev`` extends (() for a first block)."""
     return prev.key if prev is not None and prev.key is not None else ()
-
-
-@functools.cache
-def _invariants() -> Optional[Callable[..., list[str]]]:
-    """``prefixcache.spec.invariants.check_all``, or None while it does not exist."""
-    try:
-        module = importlib.import_module("prefixcache.spec.invariants")
-    except ModuleNotFoundError as e:
-        if e.name != "prefixcache.spec.invariants":
-            raise
-        return None
-    return cast(Callable[..., list[str]], module.check_all)

@@ -31,7 +31,6 @@ import icontract
 
 from ..spec import contracts as C
 from ..spec import pure as P
-from ..spec import pure_checks as PC
 from .model import Model
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,8 +73,8 @@ def _model_chain(block_size: int, pairs: Sequence[P.Pair]) -> Tuple[Optional[obj
 @_bound(lambda block_size, pairs: block_size <= 2 and P.small(len(pairs)), "a short chain")
 @_require(lambda block_size, pairs: P.every(lambda pair: len(pair[1]) == block_size, pairs),
           "every block is full")
-@_ensure(lambda pairs, result: result == PC.spec_chain_keys_agree(pairs),
-         "the model keys each block of a chain exactly as the spec's abstraction does")
+@_ensure(lambda pairs, result: result == P.chain_keys(pairs),
+         "the model keys each block of a chain exactly as the spec does")
 def model_keys_agree(block_size: int, pairs: Tuple[P.Pair, ...]) -> Tuple[Optional[object], ...]:
     """Return the content keys of the handles of a chain of full blocks
     that the model allocates from each block's own (extra hash, tokens)."""

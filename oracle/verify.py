@@ -2,8 +2,8 @@
 
 By default it checks :mod:`prefixcache.spec.pure` (the cores: content-key
 chaining, the prefix search, the eviction choice, the hit rate),
-:mod:`prefixcache.spec.pure_checks` (the spec's own code against the cores,
-and the invariants on small states its steps build) and
+:mod:`prefixcache.spec.pure_checks` (the invariants on small states the
+spec's own steps build) and
 :mod:`prefixcache.model.pure_model` (the model's answers against the same
 cores); any modules or functions named on the command line instead.
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .invariants import ownership_matches
+from .pure import chain_key
 from .state import (
     NEVER_ACCESSED,
     AbstractState,
@@ -91,10 +92,13 @@ def _pair(block: Any) -> Tuple[Optional[int], Tuple[int, ...]]:
 
 
 def content_key_of(block: Any) -> ContentKey:
-    """Return the content key a Block spells: one ``(extra_hash, tokens)``
-    pair per block of its chain, from the first block through itself.  Pure:
-    reads ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
-    return tuple(_pair(b) for b in _chain(block))
+    """Return the content key a Block spells (:func:`.pure.chain_key` along
+    its chain, from the first block through itself).  Pure: reads
+    ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
+    key: ContentKey = ()
+    for b in _chain(block):
+        key = chain_key(key, *_pair(b))
+    return key
 
 
 def _memoised_keys() -> Callable[[Any], ContentKey]:
@@ -115,7 +119,7 @@ def _memoised_keys() -> Callable[[Any], ContentKey]:
             b = getattr(b, "prev_block", None)
         key: ContentKey = memo[id(b)] if b is not None and id(b) in memo else ()
         for x in reversed(path):
-            key = key + (_pair(x),)
+            key = chain_key(key, *_pair(x))
             memo[id(x)] = key
             alive.append(x)
         return memo[id(block)]
@@ -130,7 +134,7 @@ def chain_keys(last_block: Any) -> List[Tuple[Any, ContentKey]]:
     out: List[Tuple[Any, ContentKey]] = []
     key: ContentKey = ()
     for b in _chain(last_block):
-        key = key + (_pair(b),)
+        key = chain_key(key, *_pair(b))
         out.append((b, key))
     return out
 

@@ -38,6 +38,8 @@ from typing import (
     Tuple,
 )
 
+from .pure import hit_rate as pure_hit_rate
+from .pure import longest_ready_prefix
 from .state import (
     NEVER_ACCESSED,
     AbstractState,
@@ -630,16 +632,22 @@ def post_naive_get_num_full_blocks_touched(
     return result == len({ident for ident, full in blocks if full}) and _unchanged(old, new)
 
 
+class _Ready:
+    """The keys cached on computed ids of a state, as a container (looked
+    up key by key, never listed)."""
+
+    def __init__(self, s: AbstractState) -> None:
+        self.s = s
+
+    def __contains__(self, key: object) -> bool:
+        i = self.s.cached.get(key) if key is not None else None  # type: ignore[call-overload]
+        return i is not None and self.s.blocks[i].computed
+
+
 def cached_prefix_length(s: AbstractState, keys: Sequence[Optional[ContentKey]]) -> int:
     """The length of the longest prefix of ``keys`` that are all cached on
-    computed ids."""
-    n = 0
-    for key in keys:
-        i = s.cached.get(key) if key is not None else None
-        if i is None or not s.blocks[i].computed:
-            break
-        n += 1
-    return n
+    computed ids (:func:`.pure.longest_ready_prefix`)."""
+    return longest_ready_prefix(keys, _Ready(s))
 
 
 def pre_find_cached_blocks_prefix(s: AbstractState, keys: Sequence[Optional[ContentKey]]) -> bool:
@@ -679,9 +687,8 @@ def post_block_is_computed(
 
 
 def hit_rate(s: AbstractState) -> float:
-    """Hits over queries, 0.0 before the first query."""
-    total = s.hits + s.misses
-    return s.hits / total if total else 0.0
+    """The state's hit rate (:func:`.pure.hit_rate`)."""
+    return pure_hit_rate(s.hits, s.misses)
 
 
 def post_get_prefix_cache_hit_rate(old: AbstractState, new: AbstractState, result: float) -> bool:

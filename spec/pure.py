@@ -8,10 +8,10 @@ spec relies on: how content keys chain (:func:`chain_key`,
 :func:`bucketed_hit_rate`, :func:`fold_hit_rate`).  Each carries an icontract
 postcondition that says what it computes independently of how (the prefix
 search is also compared with a second, differently written linear scan);
-``prefixcache verify`` runs CrossHair over them, and over
-:mod:`prefixcache.spec.pure_checks`, which runs the spec's own code on small
-states and compares it with these cores.  This module imports nothing from
-the spec, so the spec, the model and the checks can all use it.
+``prefixcache verify`` runs CrossHair over them.  They are the spec's only
+statement of these rules: the state's eviction order, the contracts' cached
+prefix and hit rate, the abstraction's and the model's content keys all call
+them.  This module imports nothing from the spec, so all of it can use it.
 
 Bounds.  Symbolic search over unbounded tuples is slow, so the functions also
 carry size preconditions (at most :data:`BOUND` elements) that are installed
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, FrozenSet, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Container, List, Optional, Sequence, Tuple, TypeVar
 
 import icontract
 
@@ -179,12 +179,12 @@ def flat_key(key: ChainKey) -> Tuple[Optional[int], Tokens]:
 # the prefix search
 
 
-def _linear_reference(keys: Sequence[K], ready: FrozenSet[K]) -> int:
+def _linear_reference(keys: Sequence[K], ready: Container[K]) -> int:
     """The index of the first key that is not ready, else the length."""
     return next((k for k, key in enumerate(keys) if key not in ready), len(keys))
 
 
-def is_longest_ready_prefix(keys: Sequence[K], ready: FrozenSet[K], result: int) -> bool:
+def is_longest_ready_prefix(keys: Sequence[K], ready: Container[K], result: int) -> bool:
     """Whether ``result`` is the length of the longest prefix of ``keys``
     whose keys are all in ``ready`` (every key before it is ready, the key
     at it, if any, is not) and equals the linear reference scan."""
@@ -213,7 +213,7 @@ def prefix_search_contract(function: F) -> F:
 
 
 @prefix_search_contract
-def longest_ready_prefix(keys: Sequence[K], ready: FrozenSet[K]) -> int:
+def longest_ready_prefix(keys: Sequence[K], ready: Container[K]) -> int:
     """Return how many keys, from the first, are ready (cached on a computed
     id) before the first one that is not.  The ready keys need not form a
     prefix of ``keys``: a ready key after a missing one does not count."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Tuple
 
+from .pure import eviction_rank
+
 BlockId = int
 Tokens = Tuple[int, ...]
 #: The exact content of a full block whose chain is hashed: the extra hash and
@@ -55,9 +57,8 @@ class EvictorEntry:
     content: ContentKey
 
     def eviction_rank(self) -> Tuple[float, int, BlockId]:
-        """The documented eviction order: oldest access first, then the
-        deepest block (most hashed tokens), then the smallest id."""
-        return (self.last_accessed, -self.num_hashed_tokens, self.block_id)
+        """This entry's key in the eviction order (:func:`.pure.eviction_rank`)."""
+        return eviction_rank(self.last_accessed, self.num_hashed_tokens, self.block_id)
 
 
 @dataclass(frozen=True)
