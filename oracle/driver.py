@@ -40,6 +40,7 @@ from ..spec.abstraction import (
     is_prefix_caching,
 )
 from ..spec.invariants import INVARIANTS, OWNERSHIP, check_all
+from ..spec.operations import NEW_BLOCK, NEW_BLOCKS, returning
 from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.state import AbstractState, BlockState, ContentKey
 from .call_timeout import CallTimeout, time_limit
@@ -53,10 +54,7 @@ from .violations import Violation
 API_EXCEPTIONS: Tuple[type, ...] = (err.PrefixCacheError, ValueError, KeyError)
 
 #: Operations that hand out new Blocks (their ``out`` names them).
-BLOCK_RESULTS = frozenset({
-    "allocate_mutable_block", "allocate_immutable_block", "allocate_immutable_blocks",
-    "fork", "allocate_or_get_null_block",
-})
+BLOCK_RESULTS = returning(NEW_BLOCK, NEW_BLOCKS)
 
 #: Each invariant's statement, by name, for the message of an invariant finding.
 _MEANINGS: Dict[str, str] = {**{inv.name: inv.meaning for inv in INVARIANTS},

@@ -19,10 +19,14 @@ import builtins
 from typing import Any, Dict, List, Optional
 
 from ..impl import errors as err
+from ..spec.operations import DEVICE, NEW_BLOCK, NEW_BLOCKS, argument_names, returning
 from .targets import Target
 from .trace import Step, Trace
 
-_DEVICE_ARGS = ("device", "src_device", "dst_device")
+#: from the spec's table of operations: the arguments that name a device,
+#: and the operations that hand out new Blocks
+_DEVICE_ARGS = argument_names(DEVICE)
+_BLOCK_RESULTS = returning(NEW_BLOCK, NEW_BLOCKS)
 
 
 class RecordedBlock:
@@ -114,11 +118,11 @@ class RecordingAllocator:
                            "ids": {b._name: b._real.block_id for b in blocks}}
             raise
         expect: Dict[str, Any] = {}
-        if isinstance(result, list) and result and hasattr(result[0], "append_token_ids"):
+        if op in _BLOCK_RESULTS and isinstance(result, list):
             result = [self._wrap(r) for r in result]
             step.out = [r._name for r in result]
             blocks = blocks + result
-        elif hasattr(result, "append_token_ids"):
+        elif op in _BLOCK_RESULTS:
             result = self._wrap(result)
             step.out = [result._name]
             blocks = blocks + [result]

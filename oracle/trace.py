@@ -16,11 +16,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
+from ..spec.operations import BLOCK, BLOCKS, PREV_BLOCK, argument_names
+
 FORMAT = "prefixcache-trace/1"
 
-#: argument names whose values are block names (or lists of them)
-BLOCK_ARGS = ("prev_block", "block", "last_block")
-BLOCK_LIST_ARGS = ("blocks",)
+#: argument names whose values are block names (or lists of them), from the
+#: spec's table of operations
+BLOCK_ARGS = argument_names(BLOCK, PREV_BLOCK)
+BLOCK_LIST_ARGS = argument_names(BLOCKS)
 
 
 @dataclass

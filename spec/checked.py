@@ -51,8 +51,9 @@ from .abstraction import (
     chain_keys,
     content_key_of,
 )
-from .error_table import ARGUMENT_ERRORS
+from .error_table import ARGUMENT_ERRORS, NAIVE, PREFIX
 from .invariants import check_all
+from .operations import OPERATIONS, operation
 from .state import AbstractState, BlockId, ContentKey
 
 
@@ -635,10 +636,24 @@ def _checked_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return snap(ensure(method))
 
 
-def _add_contracts(cls: type, base: type, ops: Iterable[str]) -> None:
-    for name in ops:
-        if name != "append_token_ids":
-            setattr(cls, name, _checked_method(name, getattr(base, name)))
+def _contracted(kind: str, adapters: Mapping[str, Adapter]) -> List[str]:
+    """The methods of an allocator of ``kind`` that get a contract: every
+    allocator method of the table of operations (not a property), each of
+    which must have an adapter here, and the adapters must name nothing else
+    (the Block's ``append_token_ids`` is checked by the checked Block)."""
+    names = [op.name for op in OPERATIONS if kind in op.allocators and not op.attribute]
+    methods = [n for n in names if operation(n).owner == "allocator"]
+    unknown = sorted(set(adapters) - set(names))
+    lacking = sorted(set(methods) - set(adapters))
+    if unknown or lacking:
+        raise RuntimeError(f"the {kind} adapters and the table of operations differ: "
+                           f"no such operation {unknown}, no adapter for {lacking}")
+    return methods
+
+
+def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter]) -> None:
+    for name in _contracted(kind, adapters):
+        setattr(cls, name, _checked_method(name, getattr(base, name)))
 
 
 def _invariant(cls: type) -> type:
@@ -713,7 +728,7 @@ def _checked_prefix(base: Type[PrefixCachingBlockAllocator]) -> type:
     if base is not PrefixCachingBlockAllocator:
         CheckedPrefixCachingBlockAllocator.__name__ = f"Checked{base.__name__}"
         CheckedPrefixCachingBlockAllocator.__qualname__ = f"Checked{base.__name__}"
-    _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX_ADAPTERS)
+    _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX, PREFIX_ADAPTERS)
     return _invariant(CheckedPrefixCachingBlockAllocator)
 
 
@@ -733,7 +748,7 @@ def _checked_naive(base: Type[NaiveBlockAllocator]) -> type:
     if base is not NaiveBlockAllocator:
         CheckedNaiveBlockAllocator.__name__ = f"Checked{base.__name__}"
         CheckedNaiveBlockAllocator.__qualname__ = f"Checked{base.__name__}"
-    _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE_ADAPTERS)
+    _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE, NAIVE_ADAPTERS)
     return _invariant(CheckedNaiveBlockAllocator)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import contracts, error_table, invariants, semantics, state, transitions
+from . import operations as ops_table
 
 BEGIN = "<!-- generated: {name} -->"
 END = "<!-- end generated -->"
@@ -124,21 +125,20 @@ def _functions(prefix: str) -> Dict[str, Callable[..., object]]:
 
 
 def operations() -> List[str]:
-    """Every operation spec/contracts.py has a contract for, in source
-    order: each ``X`` of a ``pre_X`` or ``post_X``, and each ``X`` of a
-    ``pre_naive_X`` or ``post_naive_X`` that the error table or the
-    transition table names (not the shared helpers of the naive contracts)."""
-    known = set(error_table.operations()) | {t.operation for t in transitions.TRANSITIONS}
-    names: Dict[str, int] = {}
-    for prefix in ("pre_", "post_"):
-        for name, fn in _functions(prefix).items():
-            op = name[len("naive_"):] if name.startswith("naive_") else name
-            if op != name and op not in known and ("pre_" + op) not in vars(contracts) \
-                    and ("post_" + op) not in vars(contracts):
-                continue
-            line = fn.__code__.co_firstlineno
-            names[op] = min(names.get(op, line), line)
-    return sorted(names, key=lambda op: names[op])
+    """Every operation, in the table's order (:data:`.operations.OPERATIONS`)."""
+    return [op.name for op in ops_table.OPERATIONS]
+
+
+def _signature(op: ops_table.Operation) -> str:
+    """One line: the API's arguments with their kinds, the result and the
+    allocators that have the operation."""
+    args = ", ".join(f"`{a.name}` ({a.kind}" + (f", {'/'.join(a.allocators)} only"
+                                                  if a.allocators != op.allocators
+                                                  and set(a.allocators) < set(op.allocators)
+                                                  else "") + ")" for a in op.args)
+    where = "" if op.allocators == error_table.ALL else f"; only {', '.join(op.allocators)}"
+    what = "property" if op.attribute else f"method of the {op.owner}"
+    return f"API: {what}, arguments {args or 'none'}; returns {op.result}{where}."
 
 
 _STATE_PARAMETERS = frozenset({"s", "old", "new", "result", "src", "dst", "old_src", "new_src",
@@ -175,7 +175,7 @@ def render_operations() -> str:
         np_, nq = pre.get("naive_" + op), post.get("naive_" + op)
         listed |= {"naive_" + op}
         args = _arguments(q) or _arguments(p) or _arguments(nq) or _arguments(np_)
-        out += [f"### `{op}`", ""]
+        out += [f"### `{op}`", "", _signature(ops_table.operation(op)), ""]
         if args:
             out += ["Abstract arguments: " + ", ".join(f"`{a}`" for a in args) + ".", ""]
         if p is not None or q is not None:
