@@ -63,3 +63,12 @@ def test_what_an_allocator_lacks_is_named() -> None:
     assert "allocate_mutable_block" not in lacking
     assert "free" in lacking and "block_is_computed" not in lacking  # not the interface's
     assert set(lacking) < set(names_for(PREFIX))
+
+
+def test_the_benchmark_and_the_error_table_name_only_operations_of_the_table() -> None:
+    from prefixcache.bench.replayer import CALL_NAMES
+    from prefixcache.spec.error_table import operations as error_operations
+
+    names = {op.name for op in OPERATIONS}
+    assert set(CALL_NAMES) <= names
+    assert set(error_operations()) <= names
