@@ -558,6 +558,13 @@ def _a_physical(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, Finish
             lambda o, n, r: C.post_get_physical_block_id(o, n, r, i), _same)
 
 
+def _a_is_block_cached(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+    block = a["block"]
+    key = c.key_of(block) if c.owns(block) else None
+    return (lambda s: C.pre_is_block_cached(s, key),
+            lambda o, n, r: C.post_is_block_cached(o, n, r, key), _same)
+
+
 def _a_block_is_computed(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
     i = a["block_id"]
     return (lambda s: C.pre_block_is_computed(s, i),
@@ -591,6 +598,7 @@ PREFIX_ADAPTERS: Dict[str, Adapter] = {
     "reset_prefix_cache": _a_reset,
     "get_prefix_cache_hit_rate": _a_hit_rate,
     "block_is_computed": _a_block_is_computed,
+    "is_block_cached": _a_is_block_cached,
 }
 """Operation -> adapter for the prefix-caching allocator."""
 

@@ -686,6 +686,20 @@ def post_block_is_computed(
     return result == (b is not None and b.computed) and _unchanged(old, new)
 
 
+def pre_is_block_cached(s: AbstractState, key: Optional[ContentKey]) -> bool:
+    """Succeeds for a Block with content (a full block whose earlier blocks
+    are all full)."""
+    return key is not None
+
+
+def post_is_block_cached(
+    old: AbstractState, new: AbstractState, result: bool, key: Optional[ContentKey]
+) -> bool:
+    """Returns whether the Block's content is cached (on an id in use or
+    evictable); nothing changes."""
+    return result == (key in old.cached) and _unchanged(old, new)
+
+
 def hit_rate(s: AbstractState) -> float:
     """The state's hit rate (:func:`.pure.hit_rate`)."""
     return pure_hit_rate(s.hits, s.misses)

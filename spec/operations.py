@@ -105,6 +105,7 @@ OPERATIONS: Tuple[Operation, ...] = (
     Operation("find_cached_blocks_prefix",
               (Arg("block_hashes", HASHES), Arg("device", DEVICE, (CPU_GPU,))), HASHES),
     Operation("block_is_computed", (Arg("block_id", ID),), FLAG, (PREFIX,), required=False),
+    Operation("is_block_cached", (Arg("block", BLOCK),), FLAG, (PREFIX,), required=False),
     Operation("get_prefix_cache_hit_rate", (_ON_DEVICE,), RATE),
     Operation("get_num_free_blocks", (Arg("device", DEVICE, (PREFIX, CPU_GPU)),), COUNT),
     Operation("get_num_total_blocks", (_ON_DEVICE,), COUNT),
