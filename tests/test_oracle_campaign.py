@@ -108,7 +108,7 @@ def test_the_targets_log_is_counted_not_printed(tmp_path: Path) -> None:
 
 
 def test_no_mistakes_and_lists_only_pass_no_tuple(tmp_path: Path) -> None:
-    target = ("--target", "oracle_faults:ListsOnly", "--examples", "150")
+    target = ("--target", "oracle_faults:ListsOnly", "--examples", "150", "--no-shrink")
     fuzz(tmp_path, *target, "--no-mistakes", expect=0)
     report = fuzz(tmp_path, *target, expect=1)  # with mistakes, prefixcache passes tuples
     assert "crash/get_common_computed_block_ids/raised-TypeError" in signatures(report)
