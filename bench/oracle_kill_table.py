@@ -2,7 +2,7 @@
 
 Runs the oracle's state machine with the ``ci`` settings profile (derandomized:
 the same examples, hence the same figures, on every run) against every broken
-allocator of tests/broken_allocators.py -- the same runs as
+allocator of tests/helpers/broken_allocators.py -- the same runs as
 tests/test_oracle_catches_broken.py -- and records, for each, the steps until
 the first Violation (``Stats.steps`` at that moment, every earlier example
 included), the example it came in, its category and the spec invariants broken
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import hypothesis  # noqa: E402
-from broken_allocators import (  # noqa: E402
+from helpers.broken_allocators import (  # noqa: E402
     BROKEN,
     INVARIANT_COVERAGE,
     MISSED,
@@ -82,7 +82,7 @@ def render(kills: List[Kill], missed: List[Kill], reals: List[Kill], reasons: Di
         f"({datetime.date.today().isoformat()}, Python {platform.python_version()}, "
         f"Hypothesis {hypothesis.__version__}, profile `{profile}`: "
         "derandomized, so every figure is the same on every run).",
-        "The allocators and their faults are in `tests/broken_allocators.py`; "
+        "The allocators and their faults are in `tests/helpers/broken_allocators.py`; "
         "`tests/test_oracle_catches_broken.py` runs the same hunts.",
         "",
         "**Steps to catch** is `Stats.steps` when the first Violation was raised: "

@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, List
 
-import broken_allocators
 import pytest
+from helpers import broken_allocators
 
 from prefixcache.bench import benchmark as bench
 from prefixcache.bench.replayer import (

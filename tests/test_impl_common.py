@@ -9,9 +9,9 @@ from typing import List
 from unittest.mock import MagicMock
 
 import pytest
+from helpers.impl_snapshot import expect_rejected, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from impl_snapshot import expect_rejected, snapshot
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.common import (

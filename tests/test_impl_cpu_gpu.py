@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, List
 
 import pytest
-from impl_snapshot import expect_rejected, snapshot
+from helpers.impl_snapshot import expect_rejected, snapshot
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator, NullBlock

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Tuple
 
 import pytest
-from impl_snapshot import expect_rejected
+from helpers.impl_snapshot import expect_rejected
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.common import RefCounter

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 import pytest
+from helpers.impl_snapshot import eviction_key, expect_rejected, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from impl_snapshot import eviction_key, expect_rejected, snapshot
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.evictor import (

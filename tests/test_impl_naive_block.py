@@ -10,7 +10,7 @@ from typing import List
 from unittest.mock import MagicMock
 
 import pytest
-from impl_snapshot import expect_rejected, snapshot
+from helpers.impl_snapshot import expect_rejected, snapshot
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.interfaces import Block, BlockAllocator, Device

@@ -12,9 +12,9 @@ from typing import List, Optional, Tuple
 from unittest.mock import MagicMock
 
 import pytest
+from helpers.impl_snapshot import check_still_works, expect_rejected, next_id, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from impl_snapshot import check_still_works, expect_rejected, next_id, snapshot
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.common import CacheMetricData

@@ -38,7 +38,7 @@ def signatures(report: Dict[str, Any]) -> List[str]:
     return [f["signature"] for f in report["findings"]]
 
 
-TWO_FAULTS = ("--target", "oracle_faults:WrongHitRateAndCommonPrefix")
+TWO_FAULTS = ("--target", "helpers.oracle_faults:WrongHitRateAndCommonPrefix")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_the_time_budget_bounds_shrinking(tmp_path: Path) -> None:
 
 
 def test_a_call_that_never_returns_is_a_hang(tmp_path: Path) -> None:
-    report = fuzz(tmp_path, "--target", "oracle_faults:ForkLoopsOnLongChains",
+    report = fuzz(tmp_path, "--target", "helpers.oracle_faults:ForkLoopsOnLongChains",
                   "--seconds", "30", "--call-timeout", "0.5", "--no-mistakes", "--stop-at-first",
                   expect=1)
     hangs = [f for f in report["findings"] if f["category"] == "hang"]
@@ -99,7 +99,8 @@ def test_a_call_that_never_returns_is_a_hang(tmp_path: Path) -> None:
 
 
 def test_the_targets_log_is_counted_not_printed(tmp_path: Path) -> None:
-    report = fuzz(tmp_path, "--target", "oracle_faults:Chatty", "--examples", "20", expect=0)
+    report = fuzz(tmp_path, "--target", "helpers.oracle_faults:Chatty", "--examples", "20",
+                  expect=0)
     log = report["target_log"]
     assert log["lines"] > 0
     assert log["kinds"][0]["logger"] == "chatty.allocator"
@@ -108,7 +109,7 @@ def test_the_targets_log_is_counted_not_printed(tmp_path: Path) -> None:
 
 
 def test_no_mistakes_and_lists_only_pass_no_tuple(tmp_path: Path) -> None:
-    target = ("--target", "oracle_faults:ListsOnly", "--examples", "150", "--no-shrink")
+    target = ("--target", "helpers.oracle_faults:ListsOnly", "--examples", "150", "--no-shrink")
     fuzz(tmp_path, *target, "--no-mistakes", expect=0)
     report = fuzz(tmp_path, *target, expect=1)  # with mistakes, prefixcache passes tuples
     assert "crash/get_common_computed_block_ids/raised-TypeError" in signatures(report)
@@ -118,7 +119,7 @@ def test_no_mistakes_and_lists_only_pass_no_tuple(tmp_path: Path) -> None:
 
 
 def test_a_finding_only_prefixcache_rules_make_names_its_option(tmp_path: Path) -> None:
-    target = ("--target", "oracle_faults:AssertsOnDetachedFree", "--seconds", "60")
+    target = ("--target", "helpers.oracle_faults:AssertsOnDetachedFree", "--seconds", "60")
     report = fuzz(tmp_path, *target, "--stop-at-first", expect=1)
     (finding,) = [f for f in report["findings"] if f["operation"] == "free"]
     assert finding["explained_by"] == {"options": ["any-mistake-exception"],

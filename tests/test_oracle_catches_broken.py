@@ -1,5 +1,5 @@
 """The oracle proves itself: the CI profile catches every broken allocator of
-tests/broken_allocators.py, and passes prefixcache.impl's own allocator.
+tests/helpers/broken_allocators.py, and passes prefixcache.impl's own allocator.
 
 Each broken allocator is fuzzed with the ``ci`` profile (derandomized, so
 the examples and the step counts are the same on every run) through
@@ -25,7 +25,7 @@ import statistics
 from typing import Any, Dict, Iterator
 
 import pytest
-from broken_allocators import (
+from helpers.broken_allocators import (
     BROKEN,
     CATEGORY_COVERAGE,
     INVARIANT_COVERAGE,

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from oracle_faults import FreesToTheRight
+from helpers.oracle_faults import FreesToTheRight
 
 from prefixcache.cli import main
 from prefixcache.oracle.replay import replay
@@ -56,7 +56,7 @@ def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_a_fault_exits_1_and_each_finding_replays_to_its_signature(tmp_path: Path) -> None:
     result = run_cli("fuzz", "--examples", "200", "--quiet", "--seed", "1",
-                     "--target", "oracle_faults:FreesToTheRight", "--json", "report.json",
+                     "--target", "helpers.oracle_faults:FreesToTheRight", "--json", "report.json",
                      cwd=tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())

@@ -1,7 +1,7 @@
 """Hash integrity: the oracle names a block's content by its exact tokens
 (the extra hash and the whole token prefix), never by a hash, so a cache hit
 on an id that holds other content is an ``integrity`` violation.  An
-allocator built with a degenerate ``hash_algo`` (tests/degenerate_hashes.py:
+allocator built with a degenerate ``hash_algo`` (tests/helpers/degenerate_hashes.py:
 a constant, a 6-bit truncation, a polynomial hash with a known algebraic
 collision) is flagged in every run (five seeds each, ``dev`` profile, at
 most 1,500 examples: an example meets only a few contents, and two of them
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import degenerate_hashes as dh
 import pytest
+from helpers import degenerate_hashes as dh
 
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 from prefixcache.oracle import campaign as fuzz
@@ -93,7 +93,7 @@ def test_the_cli_takes_a_hash_algo(tmp_path: Path) -> None:
     env.pop("CI", None)
     result = subprocess.run(
         [sys.executable, "-m", "prefixcache.cli", "fuzz", "--hash-algo",
-         "degenerate_hashes:constant", "--examples", "50", "--quiet", "--seed", "3",
+         "helpers.degenerate_hashes:constant", "--examples", "50", "--quiet", "--seed", "3",
          "--no-shrink"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout + result.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from oracle_faults import WrongHitRateAndCommonPrefix
+from helpers.oracle_faults import WrongHitRateAndCommonPrefix
 
 from prefixcache.oracle.minimise import minimise
 from prefixcache.oracle.replay import replay

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Tuple
 
 import pytest
-from broken_allocators import MISHANDLED, hunt
+from helpers.broken_allocators import MISHANDLED, hunt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test

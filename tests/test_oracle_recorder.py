@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 from typing import Any, List
 
-from oracle_faults import FreesToTheRight
+from helpers.oracle_faults import FreesToTheRight
 
 from prefixcache.impl import errors as err
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator

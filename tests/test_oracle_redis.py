@@ -25,7 +25,7 @@ from typing import Iterator
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-FAULT = "oracle_faults:FreesToTheRight"
+FAULT = "helpers.oracle_faults:FreesToTheRight"
 
 
 def _free_port() -> int:

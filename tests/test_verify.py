@@ -21,10 +21,10 @@ TESTS = Path(__file__).resolve().parent
 
 def test_the_planted_bisection_is_refuted(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["verify", "--path", str(TESTS), "--per-condition-timeout", "5",
-                 "--max-seconds", "50", "crosshair_planted"])
+                 "--max-seconds", "50", "helpers.crosshair_planted"])
     out = capsys.readouterr().out
     assert code == 1, out
-    assert "crosshair_planted.bisect_ready_prefix: COUNTEREXAMPLE" in out
+    assert "helpers.crosshair_planted.bisect_ready_prefix: COUNTEREXAMPLE" in out
     assert "when calling bisect_ready_prefix(" in out
     assert "the longest prefix of ready keys" in out
 

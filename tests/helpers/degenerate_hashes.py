@@ -1,7 +1,7 @@
 """Degenerate content hashes, for ``hash_algo`` (``(parent_hash, token_ids,
 extra_hash) -> int``): each makes two different contents share a hash, so a
 prefix-caching allocator built with it hands one request another's cached
-KV.  ``prefixcache fuzz --hash-algo degenerate_hashes:constant`` (with this
+KV.  ``prefixcache fuzz --hash-algo helpers.degenerate_hashes:constant`` (with this
 folder on ``PYTHONPATH``) shows the oracle flagging it."""
 
 from __future__ import annotations

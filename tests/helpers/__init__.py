@@ -1,0 +1,6 @@
+"""What the tests share: faulty allocators (``broken_allocators``,
+``oracle_faults``), degenerate hashes, a snapshot of an impl allocator's
+state, and the planted CrossHair counterexample.  Imported as
+``helpers.NAME`` (pytest puts tests/ on ``sys.path``); a subprocess names
+them the same way with tests/ on ``PYTHONPATH``
+(``--target helpers.oracle_faults:FreesToTheRight``)."""
