@@ -2,7 +2,7 @@
 
     python bench/vllm_repaired.py --tree     # build the repaired tree, print its path
     python bench/vllm_repaired.py --list     # the repairs, one a line
-    PYTHONPATH=bench prefixcache fuzz --target vllm_repaired:PrefixCachingBlockAllocator \\
+    prefixcache fuzz --target prefixcache.bench.vllm_repaired:PrefixCachingBlockAllocator \\
         --semantics vllm-0.8.5 --no-mistakes --seconds 30
 
 The oracle, judging real vLLM 0.8.5 by vLLM's own semantics (``--semantics
@@ -22,8 +22,9 @@ oracle under ``--semantics vllm-0.8.5 --no-mistakes``; bench/VLLM_REPAIRS.md
 lists the repairs and the runs, tests/test_vllm_repaired.py shows each fault on
 the original and its absence here.
 
-The module is also a target of ``prefixcache fuzz``: ``vllm_repaired:Class``
-(with bench/ on ``PYTHONPATH``) is the repaired ``PrefixCachingBlockAllocator``,
+The module is also a target of ``prefixcache fuzz``:
+``prefixcache.bench.vllm_repaired:Class`` (or ``vllm_repaired:Class`` with
+bench/ on ``PYTHONPATH``) is the repaired ``PrefixCachingBlockAllocator``,
 ``CpuGpuBlockAllocator`` or ``NaiveBlockAllocator``, loaded on first use
 (:func:`load_repaired`).
 """

@@ -371,11 +371,11 @@ def test_vllms_block_tests_all_pass_on_the_repaired_tree() -> None:
 
 @pytest.mark.parametrize("target", ["PrefixCachingBlockAllocator", "CpuGpuBlockAllocator"])
 def test_a_clean_campaign_by_vllms_semantics(target: str, tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(BENCH))
+    env = dict(os.environ)
     env.pop("CI", None)
     cmd = [sys.executable, "-m", "prefixcache.cli", "fuzz", "--target",
-           f"vllm_repaired:{target}", "--semantics", "vllm-0.8.5", "--no-mistakes",
-           "--seconds", "15", "--quiet", "--json", "report.json"]
+           f"prefixcache.bench.vllm_repaired:{target}", "--semantics", "vllm-0.8.5",
+           "--no-mistakes", "--seconds", "15", "--quiet", "--json", "report.json"]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
