@@ -310,7 +310,8 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
                           for (name, level, message), n in log.counts.most_common(3))
         console.print(f"target log: {log.lines} lines, not printed ({escape(kinds)})")
     for signature, count in sorted(outcome.stats.known_seen.items()):
-        console.print(f"known finding met again {count} times: {escape(signature)}")
+        times = "once" if count == 1 else f"{count} times"
+        console.print(f"known finding met again {times}: {escape(signature)}")
     findings = outcome.findings.in_order()
     if not findings:
         console.print("[green]no new finding[/]")
