@@ -58,7 +58,8 @@ BLOCK_RESULTS = returning(NEW_BLOCK, NEW_BLOCKS)
 
 #: Each invariant's statement, by name, for the message of an invariant finding.
 _MEANINGS: Dict[str, str] = {
-    inv.name: inv.meaning.replace("``", "") for inv in (*INVARIANTS, OWNERSHIP)}
+    name: meaning.replace("``", "") for name, meaning in
+    [(inv.name, inv.meaning) for inv in INVARIANTS] + [(OWNERSHIP.name, OWNERSHIP.meaning)]}
 
 
 class FOREIGN:
