@@ -22,6 +22,11 @@ module fetches the release at run time, checks its SHA-256 against the pin in
   never clashes with a real ``vllm``, and edited and unedited trees load side
   by side.
 
+What a tree takes from the wheel and which stubs stand beside it is a pin's
+:class:`Layout` (the v0 block allocators' by default);
+:mod:`prefixcache.oracle.vllm_v1_source` pins vLLM v1's ``BlockPool`` with a
+layout of its own and loads it through :func:`load_pinned`.
+
 Files, below the cache directory (:func:`cache_dir`)::
 
     vllm-0.8.5-cp38-abi3-manylinux1_x86_64.whl   the wheel (kept: a new stub
