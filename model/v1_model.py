@@ -157,7 +157,8 @@ class V1Model:
         """The model's abstract state."""
         return V1State(
             num_blocks=self.num_blocks, null_block=NULL_BLOCK, ref_cnt=tuple(self.ref),
-            free_queue=tuple(self.queue), reported_free=len(self.queue),
+            free_queue=tuple(self.queue), queue_backward=tuple(self.queue),
+            reported_free=len(self.queue),
             cached={k: tuple(ids) for k, ids in self.cached.items()},
             lookup={k: ids[0] for k, ids in self.cached.items()},
             block_keys=dict(self.key_of), secondary={}, contents=dict(self.contents),

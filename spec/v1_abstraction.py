@@ -16,16 +16,22 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from .v1_state import BlockHash, BlockId, CacheKey, HashedContent, V1State, unpack_key
 
 
-def free_queue_ids(queue: Any, limit: int) -> Tuple[BlockId, ...]:
+def free_queue_ids(queue: Any, limit: int, backward: bool = False) -> Tuple[BlockId, ...]:
     """The ids of the free queue ``queue``, front first, read by following
-    ``next_free_block`` from its fake head to its fake tail; at most ``limit``
-    + 1 of them (a corrupted, cyclic list then shows a repeated id)."""
+    ``next_free_block`` from its fake head to its fake tail (``backward``:
+    ``prev_free_block`` from its fake tail to its fake head, then reversed);
+    at most ``limit`` + 1 of them (a corrupted, cyclic list then shows a
+    repeated id)."""
+    start, stop = queue.fake_free_list_head, queue.fake_free_list_tail
+    if backward:
+        start, stop = stop, start
+    link = "prev_free_block" if backward else "next_free_block"
     out: List[BlockId] = []
-    block = queue.fake_free_list_head.next_free_block
-    while block is not None and block is not queue.fake_free_list_tail and len(out) <= limit:
+    block = getattr(start, link)
+    while block is not None and block is not stop and len(out) <= limit:
         out.append(block.block_id)
-        block = block.next_free_block
-    return tuple(out)
+        block = getattr(block, link)
+    return tuple(reversed(out)) if backward else tuple(out)
 
 
 def abstract_v1(pool: Any, contents: Optional[Mapping[BlockHash, HashedContent]] = None,
@@ -46,6 +52,7 @@ def abstract_v1(pool: Any, contents: Optional[Mapping[BlockHash, HashedContent]]
         null_block=pool.null_block.block_id,
         ref_cnt=tuple(b.ref_cnt for b in blocks),
         free_queue=free_queue_ids(pool.free_block_queue, len(blocks)),
+        queue_backward=free_queue_ids(pool.free_block_queue, len(blocks), backward=True),
         reported_free=pool.get_num_free_blocks(),
         cached=cached,
         lookup=lookup,

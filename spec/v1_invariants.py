@@ -40,6 +40,12 @@ def queue_well_formed(s: V1State) -> bool:
     return len(set(q)) == len(q) and all(0 <= i < s.num_blocks for i in q)
 
 
+def queue_links_agree(s: V1State) -> bool:
+    """The free queue lists the same ids in the same order read front to back
+    as read back to front."""
+    return s.queue_backward == s.free_queue
+
+
 def refcounts_non_negative(s: V1State) -> bool:
     """No reference count is below zero."""
     return all(n >= 0 for n in s.ref_cnt)
@@ -106,7 +112,7 @@ def keys_cover_whole_blocks(s: V1State) -> bool:
     return size <= 0 or all(n > 0 and n % size == 0 for _, n in s.block_keys.values())
 
 
-_CHECKS = (ids_well_formed, free_count_is_queue_length, queue_well_formed,
+_CHECKS = (ids_well_formed, free_count_is_queue_length, queue_well_formed, queue_links_agree,
            refcounts_non_negative, referenced_not_queued, unreferenced_queued,
            null_block_apart, no_stale_map_entry, lookup_is_first, salts_and_groups_apart,
            keys_cover_whole_blocks)

@@ -46,6 +46,8 @@ class V1State:
       is not maintained by the pool).
     * ``free_queue``: the ids with no reference, in the order the pool hands
       them out (first = next; a cached id there is an eviction candidate).
+    * ``queue_backward``: the free queue as its back links list it (read from
+      its back, then reversed): ``free_queue`` again in a sound list.
     * ``reported_free``: what ``get_num_free_blocks()`` answers.
     * ``cached``: key -> the ids cached under it, in the order they were
       cached (duplicates kept; never empty).
@@ -66,6 +68,7 @@ class V1State:
     null_block: BlockId
     ref_cnt: Tuple[int, ...]
     free_queue: Tuple[BlockId, ...]
+    queue_backward: Tuple[BlockId, ...]
     reported_free: int
     cached: Mapping[CacheKey, Tuple[BlockId, ...]] = field(hash=False)
     lookup: Mapping[CacheKey, BlockId] = field(hash=False)

@@ -22,7 +22,8 @@ def _state(**changes: Any) -> V1State:
     """A sound state of 5 ids: 1 in use cached under (H0, 0), 2 free cached under
     (H0, 0) too, 3 and 4 free."""
     base = V1State(num_blocks=5, null_block=NULL_BLOCK, ref_cnt=(0, 1, 0, 0, 0),
-                   free_queue=(3, 4, 2), reported_free=3, cached={(H0, 0): (1, 2)},
+                   free_queue=(3, 4, 2), queue_backward=(3, 4, 2), reported_free=3,
+                   cached={(H0, 0): (1, 2)},
                    lookup={(H0, 0): 1}, block_keys={1: ((H0, 0), 2), 2: ((H0, 0), 2)},
                    secondary={}, contents={H0: (None, ((1, 2),))}, block_size=2)
     return dataclasses.replace(base, **changes)
@@ -31,11 +32,15 @@ def _state(**changes: Any) -> V1State:
 BROKEN: Dict[str, Dict[str, Any]] = {
     "ids_well_formed": {"ref_cnt": (0, 1, 0, 0)},
     "free_count_is_queue_length": {"reported_free": 4},
-    "queue_well_formed": {"free_queue": (3, 4, 2, 9), "reported_free": 4},
+    "queue_well_formed": {"free_queue": (3, 4, 2, 9), "queue_backward": (3, 4, 2, 9),
+                          "reported_free": 4},
+    "queue_links_agree": {"queue_backward": (4, 3, 2)},
     "refcounts_non_negative": {"ref_cnt": (0, 1, -1, 0, 0)},
     "referenced_not_queued": {"ref_cnt": (0, 1, 1, 0, 0)},
-    "unreferenced_queued": {"free_queue": (3, 4), "reported_free": 2},
-    "null_block_apart": {"free_queue": (3, 4, 2, 0), "reported_free": 4},
+    "unreferenced_queued": {"free_queue": (3, 4), "queue_backward": (3, 4),
+                            "reported_free": 2},
+    "null_block_apart": {"free_queue": (3, 4, 2, 0), "queue_backward": (3, 4, 2, 0),
+                         "reported_free": 4},
     "no_stale_map_entry": {"cached": {(H0, 0): (1, 2, 3)}},
     "lookup_is_first": {"lookup": {(H0, 0): 2}},
     "salts_and_groups_apart": {"secondary": {1: frozenset({(H1, 1)})},
@@ -127,3 +132,13 @@ def test_the_error_table_says_what_0_34_0_does(row: Any) -> None:
     else:
         with pytest.raises(row.pinned_raises):
             call()
+
+
+def test_the_abstraction_shows_a_corrupted_queue() -> None:
+    ref = load_v1()
+    pool = ref.BlockPool(num_gpu_blocks=5, enable_caching=True, hash_block_size=2)
+    pool.blocks[3].prev_free_block = pool.blocks[1]      # skips 2 read backwards
+    assert check_all_v1(abstract_v1(pool)) == ["queue_links_agree"]
+    pool.blocks[4].next_free_block = pool.blocks[1]      # a cycle read forwards
+    s = abstract_v1(pool)
+    assert len(s.free_queue) == 6 and "queue_well_formed" in check_all_v1(s)  # cut at 5 + 1
