@@ -12,12 +12,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from helpers.code_lines import code_lines
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from prefixcache.model.errors import ModelInvariantError
 from prefixcache.model.v1_model import V1Model
+from prefixcache.oracle.vllm_source import Edits
 from prefixcache.oracle.vllm_v1_source import load_v1, repr_sha256, v1_source_tree
 from prefixcache.spec.v1_abstraction import abstract_v1
 from prefixcache.spec.v1_invariants import check_all_v1
@@ -40,8 +41,8 @@ def _hashes(blocks: Sequence[Tuple[int, ...]], salt: Optional[str] = None
 class Pair:
     """A real pool and the model, called alike; blocks named by id."""
 
-    def __init__(self, num_blocks: int) -> None:
-        self.pool = load_v1().BlockPool(num_gpu_blocks=num_blocks, enable_caching=True,
+    def __init__(self, num_blocks: int, edits: Optional[Edits] = None) -> None:
+        self.pool = load_v1(edits=edits).BlockPool(num_gpu_blocks=num_blocks, enable_caching=True,
                                         hash_block_size=HASH_BLOCK)
         self.model = V1Model(num_blocks, HASH_BLOCK)
 
@@ -212,13 +213,18 @@ TOKENS = st.tuples(st.integers(0, 2), st.integers(0, 2))
 
 
 class PoolVersusModel(RuleBasedStateMachine):
-    """Random valid calls on the real pool and the model alike."""
+    """Random valid calls on the real pool (with ``EDITS``) and the model alike."""
+
+    EDITS: Optional[Edits] = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.pair = Pair(7)
+        self.pair = Pair(7, self.EDITS)
         self.held: List[int] = []          # one entry per reference the caller holds
         self.seen: List[BlockHash] = []    # every hash made so far
+        self.chains: List[List[Tuple[int, ...]]] = []  # every token chain cached so far
+        #: (chain, salt, group, scale, k) of every block cached so far: block k of the chain
+        self.entries: List[Tuple[List[Tuple[int, ...]], Optional[str], int, int, int]] = []
 
     @property
     def model(self) -> V1Model:
@@ -241,11 +247,29 @@ class PoolVersusModel(RuleBasedStateMachine):
         num_cached = data.draw(st.integers(0, num_full - 1), label="num_cached")
         if any(i in self.model.key_of for i in ids[num_cached:num_full]):
             return  # caching a cached block again is a mistake (not made here)
-        blocks = data.draw(st.lists(TOKENS, min_size=num_full * scale,
-                                    max_size=num_full * scale), label="tokens")
+        need = num_full * scale
+        # half the time a prefix of an earlier chain: duplicates in the cache
+        old = data.draw(st.sampled_from(self.chains), label="reuse") if self.chains \
+            and data.draw(st.booleans(), label="reuse?") else []
+        blocks = old[:need] + data.draw(st.lists(TOKENS, min_size=max(0, need - len(old)),
+                                                 max_size=max(0, need - len(old))),
+                                        label="tokens")
+        self.chains.append(blocks)
         hashes, contents = _hashes(blocks, salt)
         self.seen += hashes
         self.pair.cache(hashes, contents, ids, num_cached, num_full, scale * HASH_BLOCK, group)
+        self.entries += [(blocks, salt, group, scale, k) for k in range(num_cached, num_full)]
+
+    @precondition(lambda self: self.entries and set(self.held) - set(self.model.key_of))
+    @rule(data=st.data())
+    def duplicate(self, data: st.DataObject) -> None:
+        """Cache one more block under a key cached before (a duplicate)."""
+        blocks, salt, group, scale, k = data.draw(st.sampled_from(self.entries), label="key")
+        block = data.draw(st.sampled_from(sorted(set(self.held) - set(self.model.key_of))),
+                          label="block")
+        hashes, contents = _hashes(blocks, salt)
+        self.pair.cache(hashes, contents, [0] * k + [block], k, k + 1, scale * HASH_BLOCK,
+                        group)
 
     @precondition(lambda self: self.seen)
     @rule(data=st.data(), groups=st.lists(st.integers(0, 1), min_size=1, max_size=2))
@@ -268,9 +292,10 @@ class PoolVersusModel(RuleBasedStateMachine):
         self.held = [i for k, i in enumerate(self.held) if k not in set(chosen)]
         self.pair.free(ids + ([0] if evict_first else []), evict_first)
 
-    @rule(ids=st.lists(st.integers(0, 6), max_size=3))
-    def evict(self, ids: List[int]) -> None:
-        self.pair.evict(ids)
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        cached = st.sampled_from(sorted(self.model.key_of) or [0])
+        self.pair.evict(data.draw(st.lists(cached | st.integers(0, 6), max_size=3), label="ids"))
 
     @rule()
     def reset(self) -> None:
@@ -285,3 +310,25 @@ PoolVersusModel.TestCase.settings = settings(
     max_examples=150, stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_the_model_answers_as_the_real_pool = PoolVersusModel.TestCase
+
+
+#: Single faults planted in the real pool (block_pool.py), each of which the
+#: state machine must catch: the comparison is live.
+PLANTED: Dict[str, Tuple[str, str]] = {
+    "cached blocks freed to the front": (
+        "self.free_block_queue.append_n(blocks_to_evict_last)",
+        "self.free_block_queue.prepend_n(blocks_to_evict_last)"),
+    "a duplicate's removal promotes nothing": (
+        "self._cache[key] = next(iter(dup_ids))", "pass"),
+    "touch forgets the reference": ("block.ref_cnt += 1\n", "pass\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_state_machine_catches_a_planted_fault(name: str) -> None:
+    machine = type("Planted", (PoolVersusModel,), {
+        "EDITS": {"v1/core/block_pool.py": [PLANTED[name]]}})
+    case = machine.TestCase
+    case.settings = settings(case.settings, max_examples=300, phases=[Phase.generate])
+    with pytest.raises(AssertionError):
+        case("runTest").runTest()
