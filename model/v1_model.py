@@ -62,6 +62,8 @@ class V1Model:
         already cached under that key, covering ``(k + 1) * block_size`` tokens.
         ``block_hashes`` are the request's, one per ``hash_block_size`` tokens:
         block ``k``'s is the last one inside it."""
+        if num_cached_blocks < 0:
+            raise ValueError("a negative number of cached blocks")
         if num_cached_blocks >= num_full_blocks:
             return self._done(None)
         scale, rest = divmod(block_size, self.hash_block_size)

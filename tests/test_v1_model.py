@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import types
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from helpers.code_lines import code_lines
@@ -21,6 +21,7 @@ from prefixcache.model.v1_model import V1Model
 from prefixcache.oracle.vllm_source import Edits
 from prefixcache.oracle.vllm_v1_source import load_v1, repr_sha256, v1_source_tree
 from prefixcache.spec.v1_abstraction import abstract_v1
+from prefixcache.spec.v1_error_table import V1_ERROR_TABLE, V1ErrorCase
 from prefixcache.spec.v1_invariants import check_all_v1
 from prefixcache.spec.v1_state import BlockHash, HashedContent, chain_hashes
 
@@ -165,23 +166,52 @@ def test_a_larger_block_takes_the_last_hash_inside_it() -> None:
     pair.check()
 
 
-def test_the_model_refuses_caller_mistakes_and_changes_nothing() -> None:
+def _model_mistake(row_key: str, model: V1Model, held: List[int],
+                   hashes: List[BlockHash]) -> Callable[[], Any]:
+    """The mistake of the v1 error table's row ``row_key``, made on ``model``
+    (``held``: its one cached block in use; ``hashes``: a chain of two)."""
+    return {
+        "get_new_blocks:too-many": lambda: model.get_new_blocks(3),
+        "get_new_blocks:negative": lambda: model.get_new_blocks(-1),
+        "free_blocks:unreferenced": lambda: model.free_blocks([3]),
+        "free_blocks:repeated": lambda: model.free_blocks(held + held),
+        "touch:not-cached-free": lambda: model.touch([3]),
+        "cache_full_blocks:unreferenced": lambda: model.cache_full_blocks(
+            hashes, [3], 0, 1, 2, 0),
+        "cache_full_blocks:already-cached": lambda: model.cache_full_blocks(
+            hashes, held, 0, 1, 2, 0),
+        "cache_full_blocks:too-few-hashes": lambda: model.cache_full_blocks(
+            hashes[:1], [1, 2], 1, 2, 2, 0),
+        "evict_blocks:unknown-id": lambda: model.evict_blocks([4]),
+        "evict_blocks:negative-id": lambda: model.evict_blocks([-1]),
+        "get_cached_block:no-groups": lambda: model.get_cached_block(hashes[0], []),
+    }[row_key]
+
+
+@pytest.mark.parametrize("row", V1_ERROR_TABLE, ids=lambda r: r.key)
+def test_the_model_refuses_every_mistake_of_the_error_table(row: V1ErrorCase) -> None:
+    model = V1Model(4, HASH_BLOCK)
+    held = model.get_new_blocks(1)
+    hashes, _ = _hashes([(1, 2), (3, 4)])
+    model.cache_full_blocks(hashes, held, 0, 1, 2, 0)
+    before = model.state()
+    with pytest.raises(row.expected):
+        _model_mistake(row.key, model, held, hashes)()
+    assert model.state() == before
+
+
+def test_the_model_refuses_other_malformed_calls() -> None:
     model = V1Model(4, HASH_BLOCK)
     ids = model.get_new_blocks(1)
-    before = model.state()
     hashes, _ = _hashes([(1, 2)])
-    mistakes = [lambda: model.get_new_blocks(-1), lambda: model.get_new_blocks(4),
-                lambda: model.free_blocks(ids + ids), lambda: model.free_blocks([3]),
-                lambda: model.touch([3]), lambda: model.cache_full_blocks(hashes, [3], 0, 1, 2, 0),
-                lambda: model.cache_full_blocks(hashes, ids * 2, 0, 2, 2, 0),
-                lambda: model.evict_blocks([9]), lambda: model.get_cached_block(hashes[0], [])]
-    for mistake in mistakes:
+    for mistake in [lambda: model.cache_full_blocks(hashes, ids * 2, 0, 2, 2, 0),
+                    lambda: model.cache_full_blocks(hashes, ids, -1, 1, 2, 0),
+                    lambda: model.cache_full_blocks(hashes, ids, 0, 1, 3, 0),
+                    lambda: model.free_blocks(["x"])]:  # type: ignore[list-item]
+        before = model.state()
         with pytest.raises(ValueError):
             mistake()
         assert model.state() == before
-    model.cache_full_blocks(hashes, ids, 0, 1, 2, 0)
-    with pytest.raises(ValueError):
-        model.cache_full_blocks(hashes, ids, 0, 1, 2, 0)
 
 
 def test_the_model_checks_its_own_invariants() -> None:
