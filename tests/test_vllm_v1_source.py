@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,22 @@ def test_the_command_line_checks(capsys: pytest.CaptureFixture[str]) -> None:
     assert vllm_v1_source.main(["--check"]) == 0
     out = capsys.readouterr().out
     assert "lookup         : [1]" in out and "free queue     : [2, 3, 4, 1]" in out
+
+
+def test_a_fresh_cache_is_built_from_the_verified_wheel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pin = vllm_v1_source.V1_PINS[V1_DEFAULT]
+    monkeypatch.setenv(vllm_source.WHEEL_ENV, str(vllm_source.pinned_wheel(pin)))
+    monkeypatch.setenv(vllm_source.CACHE_ENV, str(tmp_path / "cache"))
+    tree = vllm_v1_source.v1_source_tree()
+    assert tree.is_relative_to(tmp_path)
+    assert (tree / "vllm" / "v1" / "core" / "block_pool.py").is_file()
+
+
+def test_a_wheel_with_another_digest_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / vllm_v1_source.V1_PINS[V1_DEFAULT].wheel
+    fake.write_bytes(b"not the wheel")
+    monkeypatch.setenv(vllm_source.WHEEL_ENV, str(fake))
+    with pytest.raises(VllmSourceError, match="not the published"):
+        vllm_source.pinned_wheel(vllm_v1_source.V1_PINS[V1_DEFAULT])
