@@ -36,6 +36,7 @@ from . import (
     transitions,
     v1_error_table,
     v1_invariants,
+    v1_operations,
     v1_state,
 )
 from . import operations as ops_table
@@ -291,6 +292,15 @@ def render_pool_invariants() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_pool_operations() -> str:
+    """Every v1 operation: its arguments, result and effect on the state."""
+    out = [_doc(v1_operations), "", "| operation | result | effect on the state |",
+           "|---|---|---|"]
+    out += [f"| `{op.name}({', '.join(op.arguments)})` | {op.result} | {one_line(op.effect)} |"
+            for op in v1_operations.V1_OPERATIONS]
+    return "\n".join(out) + "\n"
+
+
 def render_pool_errors() -> str:
     """The v1 error table: one row per caller mistake."""
     rows = v1_error_table.V1_ERROR_TABLE
@@ -314,6 +324,7 @@ SECTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (
     ("block-life-cycle", render_block_life),
     ("pool-state", render_pool_state),
     ("pool-invariants", render_pool_invariants),
+    ("pool-operations", render_pool_operations),
     ("pool-errors", render_pool_errors),
 )
 """Each generated section's name and the function that renders it."""

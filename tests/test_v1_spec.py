@@ -9,10 +9,12 @@ from typing import Any, Callable, Dict
 
 import pytest
 
+from prefixcache.model.v1_model import V1Model
 from prefixcache.oracle.vllm_v1_source import load_v1, repr_sha256
 from prefixcache.spec.v1_abstraction import abstract_v1
 from prefixcache.spec.v1_error_table import V1_ERROR_TABLE
 from prefixcache.spec.v1_invariants import V1_INVARIANTS, check_all_v1
+from prefixcache.spec.v1_operations import V1_OPERATIONS
 from prefixcache.spec.v1_state import NULL_BLOCK, V1State, chain_hashes, pack_key, unpack_key
 
 H0, H1 = b"h0" * 16, b"h1" * 16
@@ -142,3 +144,12 @@ def test_the_abstraction_shows_a_corrupted_queue() -> None:
     pool.blocks[4].next_free_block = pool.blocks[1]      # a cycle read forwards
     s = abstract_v1(pool)
     assert len(s.free_queue) == 6 and "queue_well_formed" in check_all_v1(s)  # cut at 5 + 1
+
+
+def test_the_operations_are_the_pool_s_and_the_model_s() -> None:
+    names = [op.name for op in V1_OPERATIONS]
+    pool = load_v1().BlockPool
+    model_ops = {name for name in vars(V1Model) if not name.startswith("_")}
+    assert all(callable(getattr(pool, name, None)) for name in names)
+    assert set(names) == model_ops - {"state", "record"}
+    assert {row.operation for row in V1_ERROR_TABLE} <= set(names)
