@@ -22,6 +22,11 @@ module fetches the release at run time, checks its SHA-256 against the pin in
   never clashes with a real ``vllm``, and edited and unedited trees load side
   by side.
 
+What a tree takes from the wheel and which stubs stand beside it is a pin's
+:class:`Layout` (the v0 block allocators' by default);
+:mod:`prefixcache.oracle.vllm_v1_source` pins vLLM v1's ``BlockPool`` with a
+layout of its own and loads it through :func:`load_pinned`.
+
 Files, below the cache directory (:func:`cache_dir`)::
 
     vllm-0.8.5-cp38-abi3-manylinux1_x86_64.whl   the wheel (kept: a new stub
@@ -85,18 +90,38 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 
 @dataclass(frozen=True)
+class Layout:
+    """What a source tree takes from a wheel and what it stands in for: the
+    stub modules (by path inside the vllm package, from the version), which
+    wheel members it keeps, the members it must find, the modules an import
+    returns (attribute -> dotted path inside the package), and the version of
+    the stubs (a change rebuilds the trees)."""
+
+    stubs: Callable[[str], Dict[str, str]]
+    wanted: Callable[[str], bool]
+    required: Tuple[str, ...]
+    modules: Mapping[str, str]
+    stub_version: int
+
+
+@dataclass(frozen=True)
 class Pin:
-    """One pinned vLLM release: its version, and the file names and SHA-256
-    digests (as PyPI publishes them) of its wheel and source archive."""
+    """One pinned vLLM release: its version, the file names and SHA-256
+    digests (as PyPI publishes them) of its wheel and source archive (empty
+    when no source archive is pinned), the wheel's platform tag, and the
+    :class:`Layout` of the tree built from it (None: the v0 block allocators)."""
 
     version: str
     wheel: str
     wheel_sha256: str
-    sdist: str
-    sdist_sha256: str
+    sdist: str = ""
+    sdist_sha256: str = ""
+    platform: str = "manylinux1_x86_64"
+    layout: Optional[Layout] = None
 
 
-#: The releases this module can obtain, by version.
+#: The releases this module can obtain, by version (the v0 block allocators;
+#: oracle/vllm_v1_source.py pins the releases of the v1 BlockPool).
 PINS: Dict[str, Pin] = {
     "0.8.5": Pin(
         version="0.8.5",
@@ -135,9 +160,10 @@ MODULES = {
     "utils": "utils",
 }
 
-#: Files the wheel must hold (below vllm/core/).
-_REQUIRED = ("block/prefix_caching_block.py", "block/naive_block.py", "block/common.py",
-             "block/cpu_gpu_block_allocator.py", "block/interfaces.py", "evictor.py")
+#: Files the wheel must hold.
+_REQUIRED = tuple(f"vllm/core/{name}" for name in (
+    "block/prefix_caching_block.py", "block/naive_block.py", "block/common.py",
+    "block/cpu_gpu_block_allocator.py", "block/interfaces.py", "evictor.py"))
 
 
 class VllmSourceError(RuntimeError):
@@ -234,6 +260,25 @@ def _wanted_member(name: str) -> bool:
     return head == "vllm/core/block" and tail.endswith(".py")
 
 
+#: The v0 block allocators' tree.
+V0_LAYOUT = Layout(stubs=_stubs, wanted=_wanted_member, required=_REQUIRED, modules=MODULES,
+                   stub_version=STUB_VERSION)
+
+
+def layout_of(pin: Pin) -> Layout:
+    """The layout of the tree built from ``pin``'s wheel."""
+    return pin.layout or V0_LAYOUT
+
+
+def _write_stubs(layout_stubs: Mapping[str, str], into: Path) -> None:
+    """Write the stub modules ``layout_stubs`` (path inside the vllm package ->
+    text) below ``into/vllm``."""
+    for name, text in layout_stubs.items():
+        dest = into / "vllm" / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+
+
 # -- pins, cache directory, locking ------------------------------------------------------
 
 def _pin(version: str) -> Pin:
@@ -248,7 +293,11 @@ def cache_dir(version: str = "0.8.5") -> Path:
     """The cache directory of vLLM ``version``: ``$PREFIXCACHE_VLLM_CACHE`` if
     set, else ``~/.cache/prefixcache/vllm-<version>``.  Creates nothing.
     Raises VllmSourceError for a version not in :data:`PINS`."""
-    pin = _pin(version)
+    return pinned_cache_dir(_pin(version))
+
+
+def pinned_cache_dir(pin: Pin) -> Path:
+    """:func:`cache_dir` of any pinned release (for the v1 pins too)."""
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
@@ -333,7 +382,7 @@ def _pip_download(pin: Pin, dest: Path) -> None:
     ``dest`` (whatever this machine is: the files the tree takes are pure Python)."""
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
-        "--only-binary=:all:", "--platform", "manylinux1_x86_64",
+        "--only-binary=:all:", "--platform", pin.platform,
         "--python-version", "3.11", "--implementation", "cp",
         "--dest", str(dest), f"vllm=={pin.version}",
     ]
@@ -359,7 +408,7 @@ def _obtain(pin: Pin, name: str, expected: str, env: str,
     explicit = os.environ.get(env)
     if explicit:
         return _verified(Path(explicit).expanduser(), expected, name, env)
-    cache = cache_dir(pin.version)
+    cache = pinned_cache_dir(pin)
     with _locked(cache):
         found = _cached(cache, name, expected)
         if found is None:
@@ -373,7 +422,11 @@ def wheel(version: str = "0.8.5") -> Path:
     set, else the copy in :func:`cache_dir`, else one downloaded there with
     pip.  Raises VllmSourceError when it cannot be had or its SHA-256 is not
     the pinned one."""
-    pin = _pin(version)
+    return pinned_wheel(_pin(version))
+
+
+def pinned_wheel(pin: Pin) -> Path:
+    """:func:`wheel` of any pinned release (for the v1 pins too)."""
     return _obtain(pin, pin.wheel, pin.wheel_sha256, WHEEL_ENV, _pip_download)
 
 
@@ -431,6 +484,8 @@ def sdist(version: str = "0.8.5") -> Path:
     one downloaded there by the URL the package index lists for it.  Raises
     VllmSourceError when it cannot be had or its SHA-256 is not the pinned one."""
     pin = _pin(version)
+    if not pin.sdist:
+        raise VllmSourceError(f"no source archive of vLLM {version} is pinned")
     return _obtain(pin, pin.sdist, pin.sdist_sha256, SDIST_ENV, _fetch_sdist)
 
 
@@ -510,12 +565,13 @@ def _parse(text: str, label: str) -> ast.Module:
 # -- trees on disk ----------------------------------------------------------------------
 
 def _key(pin: Pin, digest: Optional[str]) -> str:
-    return f"vllm-{pin.version}-stubs{STUB_VERSION}-{digest[:16] if digest else 'unedited'}"
+    stubs = layout_of(pin).stub_version
+    return f"vllm-{pin.version}-stubs{stubs}-{digest[:16] if digest else 'unedited'}"
 
 
 def _stamp(pin: Pin, digest: Optional[str], **extra: str) -> Dict[str, Any]:
-    return {"vllm": pin.version, "wheel_sha256": pin.wheel_sha256, "stubs": STUB_VERSION,
-            "edits": digest, **extra}
+    return {"vllm": pin.version, "wheel_sha256": pin.wheel_sha256,
+            "stubs": layout_of(pin).stub_version, "edits": digest, **extra}
 
 
 def _built(target: Path, stamp: Dict[str, Any], fill: Callable[[Path], None]) -> Path:
@@ -561,24 +617,22 @@ def cached_directory(version: str, relative: str, stamp: Mapping[str, Any],
 
 
 def _extract(pin: Pin, into: Path) -> None:
-    """The wheel's block files and the stubs, as ``into/vllm``."""
-    source = wheel(pin.version)
+    """The wheel's files the layout wants and its stubs, as ``into/vllm``."""
+    layout = layout_of(pin)
+    source = pinned_wheel(pin)
     try:
         with zipfile.ZipFile(source) as archive:
-            members = [name for name in archive.namelist() if _wanted_member(name)]
-            missing = [name for name in _REQUIRED if f"vllm/core/{name}" not in members]
+            members = [name for name in archive.namelist() if layout.wanted(name)]
+            missing = [name for name in layout.required if name not in members]
             if missing:
-                raise VllmSourceError(f"{source} has no vllm/core/{missing[0]}")
+                raise VllmSourceError(f"{source} has no {missing[0]}")
             for name in members:
                 dest = into / name
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(archive.read(name))
     except (zipfile.BadZipFile, KeyError) as exc:
         raise VllmSourceError(f"cannot read {source}: {exc}; delete it and retry") from exc
-    for name, text in _stubs(pin.version).items():
-        dest = into / "vllm" / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text, encoding="utf-8")
+    _write_stubs(layout.stubs(pin.version), into)
 
 
 def _tree(pin: Pin, cache: Path, normal: _Normal) -> Path:
@@ -606,9 +660,13 @@ def source_tree(version: str = "0.8.5", edits: Optional[Edits] = None) -> Path:
     directory, under its lock, and reused.  Raises VllmSourceError when the
     wheel cannot be had, an edit does not apply or an edited file does not
     parse; TypeError or ValueError for malformed ``edits``."""
-    pin = _pin(version)
+    return pinned_source_tree(_pin(version), edits)
+
+
+def pinned_source_tree(pin: Pin, edits: Optional[Edits] = None) -> Path:
+    """:func:`source_tree` of any pinned release (for the v1 pins too)."""
     normal = _normalise(edits)
-    cache = cache_dir(version)
+    cache = pinned_cache_dir(pin)
     with _locked(cache):
         return _tree(pin, cache, normal)
 
@@ -688,9 +746,10 @@ def _rewritten_copy(pin: Pin, cache: Path, tree: Path, digest: Optional[str],
                   _stamp(pin, digest, package=package), fill)
 
 
-def _import(package: str, root: Path, version: str) -> Dict[str, types.ModuleType]:
+def _import(package: str, root: Path, version: str,
+            wanted: Mapping[str, str]) -> Dict[str, types.ModuleType]:
     """Import ``root/package`` as ``package`` (without touching sys.path) and
-    the modules of MODULES from it."""
+    the modules ``wanted`` (attribute -> dotted path) from it."""
     init = root / package / "__init__.py"
     existing = sys.modules.get(package)
     if existing is not None:
@@ -711,7 +770,7 @@ def _import(package: str, root: Path, version: str) -> Dict[str, types.ModuleTyp
             del sys.modules[package]
             raise
     modules = {}
-    for attr, relative in MODULES.items():
+    for attr, relative in wanted.items():
         try:
             modules[attr] = importlib.import_module(f"{package}.{relative}")
         except Exception as exc:  # an edit may make a module raise anything
@@ -736,21 +795,29 @@ def load(version: str = "0.8.5", edits: Optional[Edits] = None) -> types.SimpleN
     package).  Memoised per (version, edits) for the life of the process.
     Raises VllmSourceError as :func:`source_tree` does, or when a module does
     not import."""
-    pin = _pin(version)
+    return load_pinned(_pin(version), edits, lambda modules: {"Device": modules["utils"].Device})
+
+
+def load_pinned(pin: Pin, edits: Optional[Edits] = None,
+                extra: Optional[Callable[[Dict[str, types.ModuleType]], Dict[str, Any]]] = None,
+                ) -> types.SimpleNamespace:
+    """:func:`load` of any pinned release: the modules of its layout as
+    attributes, plus what ``extra(modules)`` adds, ``package`` and ``path``.
+    Memoised per (version, edits)."""
     normal = _normalise(edits)
     digest = _digest(normal)
     with _loading:
-        found = _loaded.get((version, digest))
+        found = _loaded.get((pin.version, digest))
         if found is not None:
             return found
         package = _package(pin, digest)
-        cache = cache_dir(version)
+        cache = pinned_cache_dir(pin)
         with _locked(cache):
             root = _rewritten_copy(pin, cache, _tree(pin, cache, normal), digest, package)
-        modules = _import(package, root, version)
-        found = types.SimpleNamespace(**modules, Device=modules["utils"].Device,
+        modules = _import(package, root, pin.version, layout_of(pin).modules)
+        found = types.SimpleNamespace(**modules, **(extra(modules) if extra else {}),
                                       package=package, path=root)
-        _loaded[(version, digest)] = found
+        _loaded[(pin.version, digest)] = found
         return found
 
 
@@ -795,14 +862,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--version", default="0.8.5", choices=sorted(PINS),
                         help="the vLLM release (0.8.5)")
     args = parser.parse_args(argv)
+    return report_check(lambda: load(args.version), _smoke if args.check else None,
+                        f"vLLM {args.version} block allocators")
+
+
+def report_check(loader: Callable[[], types.SimpleNamespace],
+                 smoke: Optional[Callable[[types.SimpleNamespace], List[str]]],
+                 label: str) -> int:
+    """A ``--check`` command's body: ``loader()``, then ``smoke`` on what it
+    loaded if given; prints where it was loaded from (after ``label``) and the
+    smoke's lines.  Returns 0, or 1 after printing one line saying why it failed."""
     try:
-        ref = load(args.version)
-        lines = _smoke(ref) if args.check else []
+        ref = loader()
+        lines = smoke(ref) if smoke is not None else []
     except Exception as exc:  # noqa: BLE001 - any failure is reported in one line
         reason = " ".join(str(exc).split()) or type(exc).__name__
         print(f"error: {reason}", file=sys.stderr)
         return 1
-    print(f"vLLM {args.version} block allocators: {ref.path / ref.package} ({ref.package})")
+    print(f"{label}: {ref.path / ref.package} ({ref.package})")
     for line in lines:
         print(line)
     return 0

@@ -27,7 +27,18 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import contracts, error_table, invariants, semantics, state, transitions
+from . import (
+    contracts,
+    error_table,
+    invariants,
+    semantics,
+    state,
+    transitions,
+    v1_error_table,
+    v1_invariants,
+    v1_operations,
+    v1_state,
+)
 from . import operations as ops_table
 
 BEGIN = "<!-- generated: {name} -->"
@@ -259,6 +270,50 @@ def render_options() -> str:
     return "\n".join(rows + ["", "Presets:", "", *presets]) + "\n"
 
 
+def render_pool_state() -> str:
+    """vLLM v1's pool state: the module's account, its named types, and the
+    fields of :class:`~prefixcache.spec.v1_state.V1State`."""
+    out = [_doc(v1_state), ""]
+    for name, doc in comment_docs(v1_state).items():
+        shown = repr(getattr(v1_state, name)).replace("typing.", "")
+        out.append(f"- **`{name}`** = `{shown}`: {doc}")
+    cls = v1_state.V1State
+    out += ["", f"### `{cls.__name__}`", "", _doc(cls), "", "| field | type |", "|---|---|"]
+    out += [f"| `{f.name}` | `{one_line(str(f.type))}` |" for f in dataclasses.fields(cls)]
+    return "\n".join(out) + "\n"
+
+
+def render_pool_invariants() -> str:
+    """Every invariant of the v1 state, in registry order, with its meaning."""
+    out = [_doc(v1_invariants).split("\n\n")[0], "", "| # | invariant | meaning |",
+           "|---|---|---|"]
+    out += [f"| {k} | `{i.name}` | {one_line(i.meaning)} |"
+            for k, i in enumerate(v1_invariants.V1_INVARIANTS, 1)]
+    return "\n".join(out) + "\n"
+
+
+def render_pool_operations() -> str:
+    """Every v1 operation: its arguments, result and effect on the state."""
+    out = [_doc(v1_operations), "", "| operation | result | effect on the state |",
+           "|---|---|---|"]
+    out += [f"| `{op.name}({', '.join(op.arguments)})` | {op.result} | {one_line(op.effect)} |"
+            for op in v1_operations.V1_OPERATIONS]
+    return "\n".join(out) + "\n"
+
+
+def render_pool_errors() -> str:
+    """The v1 error table: one row per caller mistake."""
+    rows = v1_error_table.V1_ERROR_TABLE
+    out = [_doc(v1_error_table), "", f"{len(rows)} rows.", "",
+           "| operation | tag | mistake | spec: raises | 0.34.0 raises | 0.34.0 does |",
+           "|---|---|---|---|---|---|"]
+    for row in rows:
+        pinned = row.pinned_raises.__name__ if row.pinned_raises else "nothing (silent)"
+        out.append(f"| `{row.operation}` | `{row.tag}` | {one_line(row.mistake)} | "
+                   f"`{row.expected.__name__}` | {pinned} | {one_line(row.pinned)} |")
+    return "\n".join(out) + "\n"
+
+
 SECTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (
     ("state", render_state),
     ("invariants", render_invariants),
@@ -267,6 +322,10 @@ SECTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (
     ("options", render_options),
     ("id-life-cycle", render_id_life),
     ("block-life-cycle", render_block_life),
+    ("pool-state", render_pool_state),
+    ("pool-invariants", render_pool_invariants),
+    ("pool-operations", render_pool_operations),
+    ("pool-errors", render_pool_errors),
 )
 """Each generated section's name and the function that renders it."""
 
