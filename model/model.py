@@ -19,11 +19,15 @@ from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar, cast
 
 from ..impl import errors as err
 from ..spec.invariants import check_all
-from ..spec.pure import chain_key
+from ..spec.pure import chain_key as _checked_chain_key
+from ..spec.pure import unchecked
 from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.state import NEVER_ACCESSED, AbstractState, BlockState, ContentKey, EvictorEntry
 from .errors import ChoiceNotAllowed, ModelInvariantError
 from .handles import ChainKey, Handle, chain
+
+#: :func:`prefixcache.spec.pure.chain_key` without its runtime contract (per block)
+_chain_key = unchecked(_checked_chain_key)
 
 Prev = Optional[Handle]
 Extra = Optional[int]
@@ -189,7 +193,7 @@ class Model:
         for toks in (self._tokens(t, self.block_size) for t in blocks):
             if self.caching and len(toks) < self.block_size:
                 raise err.UnhashableBlockError("an immutable block must be full")
-            keys.append(chain_key(keys[-1], extra, toks))
+            keys.append(_chain_key(keys[-1], extra, toks))
         out: list[Handle] = []
         for key in keys[1:]:
             h = Handle(self, self.block_size, prev, list(key[-1][1]), extra)
@@ -226,7 +230,7 @@ class Model:
         prev = h.prev_block
         if not (self.caching and h.is_full) or (prev is not None and prev.key is None):
             return
-        h.key = chain_key(_base(prev), h.extra_hash, tuple(h.token_ids))
+        h.key = _chain_key(_base(prev), h.extra_hash, tuple(h.token_ids))
         if h.block_id is None:
             return
         if h.key not in self._cached:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from . import pure
 from .invariants import ownership_matches
-from .pure import chain_key
 from .state import (
     NEVER_ACCESSED,
     AbstractState,
@@ -34,6 +34,10 @@ from .state import (
     ContentKey,
     EvictorEntry,
 )
+
+#: :func:`.pure.chain_key` without its runtime contract (read for every live
+#: Block at every reading of the state)
+_chain_key = pure.unchecked(pure.chain_key)
 
 
 class AbstractionError(LookupError):
@@ -97,7 +101,7 @@ def content_key_of(block: Any) -> ContentKey:
     ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
     key: ContentKey = ()
     for b in _chain(block):
-        key = chain_key(key, *_pair(b))
+        key = _chain_key(key, *_pair(b))
     return key
 
 
@@ -119,7 +123,7 @@ def _memoised_keys() -> Callable[[Any], ContentKey]:
             b = getattr(b, "prev_block", None)
         key: ContentKey = memo[id(b)] if b is not None and id(b) in memo else ()
         for x in reversed(path):
-            key = chain_key(key, *_pair(x))
+            key = _chain_key(key, *_pair(x))
             memo[id(x)] = key
             alive.append(x)
         return memo[id(block)]
@@ -134,7 +138,7 @@ def chain_keys(last_block: Any) -> List[Tuple[Any, ContentKey]]:
     out: List[Tuple[Any, ContentKey]] = []
     key: ContentKey = ()
     for b in _chain(last_block):
-        key = chain_key(key, *_pair(b))
+        key = _chain_key(key, *_pair(b))
         out.append((b, key))
     return out
 

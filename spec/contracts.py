@@ -38,8 +38,7 @@ from typing import (
     Tuple,
 )
 
-from .pure import hit_rate as pure_hit_rate
-from .pure import longest_ready_prefix
+from . import pure
 from .state import (
     NEVER_ACCESSED,
     AbstractState,
@@ -48,6 +47,11 @@ from .state import (
     ContentKey,
     EvictorEntry,
 )
+
+#: the pure cores these contracts state their rules by, without the cores'
+#: own runtime contracts (proved by CrossHair; each would double the check)
+_longest_ready_prefix = pure.unchecked(pure.longest_ready_prefix)
+_hit_rate = pure.unchecked(pure.hit_rate)
 
 Step = Tuple[AbstractState, BlockId, FrozenSet[BlockId]]
 """A step's outcome: the state after it, the id it concerns, the ids it put
@@ -647,7 +651,7 @@ class _Ready:
 def cached_prefix_length(s: AbstractState, keys: Sequence[Optional[ContentKey]]) -> int:
     """The length of the longest prefix of ``keys`` that are all cached on
     computed ids (:func:`.pure.longest_ready_prefix`)."""
-    return longest_ready_prefix(keys, _Ready(s))
+    return _longest_ready_prefix(keys, _Ready(s))
 
 
 def pre_find_cached_blocks_prefix(s: AbstractState, keys: Sequence[Optional[ContentKey]]) -> bool:
@@ -702,7 +706,7 @@ def post_is_block_cached(
 
 def hit_rate(s: AbstractState) -> float:
     """The state's hit rate (:func:`.pure.hit_rate`)."""
-    return pure_hit_rate(s.hits, s.misses)
+    return _hit_rate(s.hits, s.misses)
 
 
 def post_get_prefix_cache_hit_rate(old: AbstractState, new: AbstractState, result: float) -> bool:
