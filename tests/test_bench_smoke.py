@@ -16,6 +16,7 @@ from helpers import broken_allocators
 
 from prefixcache.bench import benchmark as bench
 from prefixcache.bench.replayer import (
+    ACCESS,
     CALL_NAMES,
     FREE_DECODE,
     MARK_COMPUTED,
@@ -33,6 +34,7 @@ from prefixcache.oracle.targets import Target, resolve_target
 TINY = WorkloadConfig(num_blocks=48, block_size=4, max_running=4, num_requests=16,
                       seed=3, system_prompt_tokens=(4, 40), user_tokens=(1, 12),
                       output_tokens=(1, 24), parallel_prob=0.3, arrival_rate=0.5)
+TINY_ACCESS_HEAVY = WorkloadConfig(**{**TINY.__dict__, "access_heavy": True})
 
 
 def _sha256_allocator(num_blocks: int, block_size: int) -> Any:
@@ -115,6 +117,84 @@ class _CountingAllocator(PrefixCachingBlockAllocator):
                 return value(*args, **kwargs)
             return counted
         return value
+
+
+def test_the_access_heavy_workload_marks_every_running_sequence_every_step() -> None:
+    """Access-heavy: right after a group's ``scheduled``, each of its running
+    sequences marks its blocks accessed at the step's time; the main
+    workload makes no such marks; the program makes one
+    ``mark_blocks_as_accessed`` per mark, on the sequence's current ids."""
+    main = plan(TINY)
+    heavy = plan(TINY_ACCESS_HEAVY)
+    assert TINY_ACCESS_HEAVY.workload_name == "access-heavy" and TINY.workload_name == "main"
+    assert not any(op[0] == "access" for op in main.workload.ops)
+    ops = heavy.workload.ops
+    marks = 0
+    for index, op in enumerate(ops):
+        if op[0] != "scheduled":
+            continue
+        following = ops[index + 1:index + 1 + len(op[1])]
+        assert [(o[0], o[1]) for o in following] == [("access", seq) for seq in op[1]]
+        assert len({o[2] for o in following}) == 1
+        marks += len(op[1])
+    assert marks == sum(1 for op in ops if op[0] == "access") > 0
+    times = [op[2] for op in ops if op[0] == "access"]
+    assert times == sorted(times) and len(set(times)) > 1  # a new time every step
+    program = heavy.program
+    assert sum(1 for instruction in program.instructions if instruction[0] == ACCESS) == marks
+    extra = (program.calls_by_name["mark_blocks_as_accessed"]
+             - main.program.calls_by_name["mark_blocks_as_accessed"])
+    assert extra == marks and program.calls == main.program.calls + marks
+    recorded = _AccessRecorder(num_blocks=TINY.num_blocks, block_size=TINY.block_size)
+    machine = Machine(recorded, program.num_seqs)
+    machine.run(program.instructions)
+    assert machine.answers == program.expected
+    assert recorded.marks == program.calls_by_name["mark_blocks_as_accessed"]
+
+
+class _AccessRecorder(PrefixCachingBlockAllocator):
+    """Counts ``mark_blocks_as_accessed``; the allocator itself refuses an id
+    it does not hold (a stale id in the driver would raise)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marks = 0
+
+    def mark_blocks_as_accessed(self, block_ids: List[int], now: float) -> None:
+        self.marks += 1
+        assert block_ids, "a running sequence has blocks"
+        super().mark_blocks_as_accessed(block_ids, now)
+
+
+def test_both_targets_give_identical_fingerprints_on_the_access_heavy_workload() -> None:
+    """prefixcache.impl and vLLM 0.8.5 replay the access-heavy program with
+    the same ids, the planned answers and per-call latencies of the marks."""
+    program_plan = plan(TINY_ACCESS_HEAVY)
+    targets = [resolve_target(None), bench.load_target(bench.VLLM)]
+    results = bench.measure(targets, program_plan, "tiny", TINY.num_blocks, repeats=1,
+                            latency=True)
+    assert [r.error for r in results] == [None, None]
+    assert results[0].fingerprint == results[1].fingerprint
+    assert all(r.answers_match for r in results)
+    for result in results:
+        assert (result.latency["mark_blocks_as_accessed"].count
+                == program_plan.program.calls_by_name["mark_blocks_as_accessed"])
+
+
+def test_the_verb_times_the_access_heavy_workload(tmp_path: Path) -> None:
+    """``prefixcache bench --workload access-heavy`` names its workload in the JSON."""
+    out = tmp_path / "bench.json"
+    code = bench.main(["--workload", "access-heavy", "--blocks", "256", "--tight-blocks", "0",
+                       "--running", "4", "--requests", "6", "--repeats", "1",
+                       "--against", "prefixcache.impl.prefix_caching_block:"
+                       "PrefixCachingBlockAllocator", "--json", str(out)])
+    assert code == 0
+    document = json.loads(out.read_text())
+    assert document["workload"] == "access-heavy"
+    pool = document["pools"][0]
+    assert pool["workload_name"] == "access-heavy" and pool["config"]["access_heavy"] is True
+    assert pool["fingerprints_identical"] is True
+    assert "mark_blocks_as_accessed" in pool["results"][0]["latency"]
 
 
 def test_two_correct_allocators_hand_out_the_same_ids() -> None:
