@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, List
 
@@ -261,6 +262,7 @@ def _bench_script(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"prefixcache_bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -280,6 +282,26 @@ def test_the_driver_cost_stand_in_replays_the_recorded_answers() -> None:
                             TINY.num_blocks, repeats=2, latency=False)
     assert [r.error for r in results] == [None, None]
     assert results[0].answers_match and results[1].answers_match
+
+
+def test_the_oracle_speed_reports_both_targets_with_the_shrinking_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/oracle_speed.py runs a campaign on prefixcache.impl and one on vLLM
+    0.8.5 (its own rules, valid calls) and gives the shrinking's time and
+    steps apart from the checking's."""
+    script = _bench_script("oracle_speed")
+    out = tmp_path / "speed.json"
+    assert script.main(["--seconds", "2", "--no-profile", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    speeds = document["speeds"]
+    assert [speed["target"] for speed in speeds] == ["prefixcache.impl", "vLLM 0.8.5"]
+    assert "--semantics vllm-0.8.5 --no-mistakes" in speeds[1]["command"]
+    for speed in speeds:
+        assert speed["steps"] > 0
+        assert 0 <= speed["shrink_steps"] <= speed["steps"]
+        assert 0 <= speed["shrink_seconds"] <= speed["seconds"]
+        assert speed["shrink_steps"] == 0 or speed["findings"] > 0
+    assert "checked steps/s" in capsys.readouterr().out
 
 
 def test_the_paired_ratio_is_the_median_of_the_rounds_ratios() -> None:
