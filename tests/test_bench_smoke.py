@@ -356,6 +356,46 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
             "id fingerprints identical.") in text
 
 
+def _pool(workload_p50s: List[int], vllm_p50s: List[int]) -> Any:
+    names = ["free", "mark_blocks_as_accessed"]
+
+    def latency(p50s: List[int]) -> Any:
+        return {name: {"count": 1, "p50_ns": p50, "p99_ns": p50, "total_ms": 0.0}
+                for name, p50 in zip(names, p50s)}
+    return {"pool": "roomy", "calls": 10, "calls_by_name": {"free": 6,
+                                                            "mark_blocks_as_accessed": 4},
+            "ratio": 2.0, "paired_ratio": 2.0, "fingerprints_identical": True,
+            "results": [{"calls_per_s": 200.0, "seconds_all": [1.0, 1.0],
+                         "latency": latency(workload_p50s)},
+                        {"calls_per_s": 100.0, "seconds_all": [2.0, 2.0],
+                         "latency": latency(vllm_p50s)}]}
+
+
+def test_results_mark_the_call_kinds_slower_than_vllms_at_p50() -> None:
+    """The side-by-side table names, per workload, the kinds of call whose p50
+    is above vLLM's; the oracle section shows both targets' checked steps/s."""
+    script = _bench_script("run_benchmarks")
+    main = {"workload": "main", "pools": [_pool([100, 300], [200, 200])]}
+    heavy = {"workload": "access-heavy", "pools": [_pool([100, 100], [200, 200])]}
+    assert script.slower_at_p50(main["pools"][0]) == ["mark_blocks_as_accessed"]
+    text = "\n".join(script._workloads_summary([main, heavy]))
+    assert "| main | roomy | 10 | 200 | 100 | **2x** | 2x (2x to 2x) | identical | " \
+           "`mark_blocks_as_accessed` |" in text
+    assert ("| access-heavy | roomy | 10 | 200 | 100 | **2x** | 2x (2x to 2x) | identical | "
+            "none |") in text
+    speed = {"seconds": 5, "command": "python bench/oracle_speed.py --seconds 5",
+             "speeds": [{"target": target, "command": "prefixcache fuzz", "steps": 100,
+                         "seconds": 5.0, "shrink_seconds": 4.0, "shrink_steps": 90,
+                         "steps_per_s": 20.0, "checking_steps_per_s": 10.0,
+                         "cpu_seconds": 2.5, "steps_per_cpu_s": 40.0,
+                         "checking_steps_per_cpu_s": 20.0, "findings": 1}
+                        for target in ("prefixcache.impl", "vLLM 0.8.5")],
+             "profiles": []}
+    oracle = "\n".join(script._oracle_section(speed))
+    assert "| vLLM 0.8.5 | `prefixcache fuzz` | 100 | 5.0 | 4.0 | 90 | 20 | **10** | 50% | " \
+           "40 | **20** | 1 |" in oracle
+
+
 def test_the_soak_checks_a_correct_allocator_and_finds_nothing() -> None:
     report = soak(resolve_target(), plan(TINY), TINY.num_blocks, TINY.block_size,
                   check_every=50)
