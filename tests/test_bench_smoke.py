@@ -336,6 +336,7 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
     document = json.loads(main_json.read_text())  # as run_benchmarks.py keeps it
     document.update(exit_code=0, shown_command="prefixcache bench ...")
     main_json.write_text(json.dumps(document))
+    (kept / "contracts_off.json").write_text(json.dumps(document))  # contracts on missing
     (kept / "instructions_contracts_off.json").write_text(json.dumps({
         "pair": "contracts-off", "fingerprints_identical": True,
         "rows": [{"target": "checked (contracts off)", "instructions": 1_000_200},
@@ -354,6 +355,8 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
     assert f"from {rounds[0]:.3g}x to {rounds[-1]:.3g}x)" in text
     assert ("checked (contracts off) 1,000,200, plain impl 1,000,000: **1.0002x**; "
             "id fingerprints identical.") in text
+    assert "Contracts on: not measured in this recording" in text
+    assert "not importable" not in text
 
 
 def _pool(workload_p50s: List[int], vllm_p50s: List[int]) -> Any:
