@@ -25,6 +25,10 @@ calls (:mod:`prefixcache.bench.replayer`) and replayed on each target:
 ``--against MODULE:CLASS`` times a second target in the same run,
 interleaved with the first (``--against vllm``: vLLM 0.8.5's own allocator,
 obtained by :mod:`prefixcache.oracle.vllm_source`).
+``--workload access-heavy`` times the access-heavy workload instead of the
+main one: every running sequence marks all its blocks accessed at every
+scheduler step (``mark_blocks_as_accessed``), as a scheduler without vLLM's
+deferral does.
 ``--scaling`` prints the per-call cost for pool sizes from 1,000 to
 1,000,000 blocks on one and the same program.  ``--soak`` replays the
 roomy pool's program on the target, checked as it goes (:mod:`.soak`),
@@ -52,7 +56,7 @@ from ..oracle import vllm_source
 from ..oracle.targets import Target, TargetError, check_allocator, resolve_target
 from .replayer import Machine, Plan, ReplayError, percentile, plan, timer_overhead_ns
 from .soak import print_report, soak
-from .workload import WorkloadConfig
+from .workload import ACCESS_HEAVY, MAIN, WORKLOADS, WorkloadConfig
 
 VLLM = "vllm"
 VERIFY_CONTENT = "verify-content"
@@ -114,6 +118,7 @@ class PoolReport:
     in_call_ratio: Optional[float] = None
     fingerprints_identical: Optional[bool] = None
     clock: str = "wall"
+    workload_name: str = MAIN
 
 
 @dataclass
@@ -372,7 +377,8 @@ def print_pool(console: Any, report: PoolReport) -> None:
     from rich.table import Table
 
     stats = report.workload
-    title = (f"{report.pool} pool: {report.config['num_blocks']:,} blocks of "
+    title = (f"{report.workload_name} workload, "
+             f"{report.pool} pool: {report.config['num_blocks']:,} blocks of "
              f"{report.config['block_size']}, {report.config['max_running']} running, "
              f"{stats['turns']} requests, {stats['steps']:,} steps, "
              f"{stats['recompute_preemptions'] + stats['swap_preemptions']} preemptions")
@@ -407,7 +413,8 @@ def print_pool(console: Any, report: PoolReport) -> None:
         if result.error is not None:
             console.print(f"  [red]{result.target}: {result.error}[/red]")
     if any(result.latency for result in report.results):
-        latency = Table(title=f"{report.pool} pool: latency per call (ns) and time in all "
+        latency = Table(title=f"{report.workload_name} workload, {report.pool} pool: latency "
+                              f"per call (ns) and time in all "
                               f"calls of a kind (ms), timer overhead removed",
                         title_justify="left")
         latency.add_column("call")
@@ -470,6 +477,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", default=None, metavar="MODULE:CLASS",
                         help="a second allocator timed in the same run ('vllm': vLLM 0.8.5; "
                              "'verify-content' as for --target)")
+    parser.add_argument("--workload", choices=WORKLOADS, default=MAIN,
+                        help="the main workload, or the access-heavy one: every running "
+                             "sequence marks all its blocks accessed at every step (main)")
     parser.add_argument("--blocks", type=int, default=1024,
                         help="blocks of the roomy pool (default 1024)")
     parser.add_argument("--tight-blocks", type=int, default=256,
@@ -513,7 +523,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, num_blocks: int) -> WorkloadConfig:
     return WorkloadConfig(num_blocks=num_blocks, block_size=args.block_size,
                           max_running=args.running, num_requests=args.requests,
-                          seed=args.seed)
+                          seed=args.seed,
+                          access_heavy=args.workload == ACCESS_HEAVY)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -560,7 +571,7 @@ def run(args: argparse.Namespace) -> int:
                 pool=name, config=asdict(config), workload=asdict(program_plan.workload.stats),
                 calls=program_plan.program.calls,
                 calls_by_name=dict(program_plan.program.calls_by_name), results=results,
-                clock=args.clock)
+                clock=args.clock, workload_name=config.workload_name)
             if len(results) == 2 and results[0].calls_per_s and results[1].calls_per_s:
                 report.ratio = results[0].calls_per_s / results[1].calls_per_s
                 report.paired_ratio = paired_ratio(results[0].seconds_all,
@@ -585,6 +596,7 @@ def run(args: argparse.Namespace) -> int:
             "processor": platform.processor(),
             "seconds": round(time.time() - started, 1),
             "clock": args.clock,
+            "workload": configs[0][1].workload_name,
             "pools": [asdict(report) for report in reports],
             "scaling": [asdict(row) for row in rows],
             "scaling_fill": args.scaling_fill if args.scaling else None,

@@ -26,10 +26,12 @@ group and its common computed ids), or, for ``FREE_SEQ``, one ``free`` per
 block of the sequence.  :func:`fuse` then merges instructions that follow
 each other (a free count and a decode; a run of ``mark_blocks_as_computed``)
 so that the driver's own dispatch costs less of the replay; the calls and
-their order stay the same.  The ids a target hands out (every Block returned,
-every Block's id after an append that may change it, a sequence's ids when
-it is freed or swapped out) are kept in order; their SHA-256 is the run's
-fingerprint.
+their order stay the same.  ``ACCESS`` (the access-heavy workload's
+per-step marks) passes the sequence's ids as the machine holds them, which
+every instruction that may change an id has refreshed.  The ids a target
+hands out (every Block returned, every Block's id after an append that may
+change it, a sequence's ids when it is freed or swapped out) are kept in
+order; their SHA-256 is the run's fingerprint.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ TOUCHED = 12       # 0, the group's seqs
 SWAP_OUT = 13      # seq
 SWAP_IN = 14       # seq
 FREE_DECODE = 15   # FREE_COUNT then DECODE (made by fuse)
+ACCESS = 16        # seq, now: its blocks' current ids marked accessed (access-heavy)
 
 #: The allocator calls (``append_token_ids`` is the Block's) of each opcode.
 CALLS: Dict[int, Tuple[str, ...]] = {
@@ -79,6 +82,7 @@ CALLS: Dict[int, Tuple[str, ...]] = {
     SWAP_OUT: ("swap_out",),
     SWAP_IN: ("swap_in",),
     FREE_DECODE: ("get_num_free_blocks", "append_token_ids", "clear_copy_on_writes"),
+    ACCESS: ("mark_blocks_as_accessed",),
 }
 
 #: Every call name a program can make.
@@ -216,6 +220,8 @@ class Compiler:
         elif kind == "swap_in":
             self.seqs[args[1]].shared_tail = False  # every block gets its own id back
             self._emit(SWAP_IN, args[1])
+        elif kind == "access":
+            self._emit(ACCESS, args[1], args[2])
         else:
             raise ValueError(f"unknown workload operation {kind!r}")
         return len(self.program.instructions) - before
@@ -308,6 +314,7 @@ class Machine:
         find_cached = alloc.find_cached_blocks_prefix
         common = alloc.get_common_computed_block_ids
         mark_computed = alloc.mark_blocks_as_computed
+        mark_accessed = alloc.mark_blocks_as_accessed
         alloc_mut = alloc.allocate_mutable_block
         free = alloc.free
         blocks = self.blocks
@@ -360,6 +367,8 @@ class Machine:
                     blocks[seq] = []
                     ids[seq] = []
                     hashes[seq] = []
+                elif op == ACCESS:
+                    mark_accessed(ids[seq], x)
                 else:
                     self._step(op, seq, x, y)
         except Exception as exc:
@@ -498,6 +507,11 @@ class Machine:
                     t = clock()
                     alloc.get_common_computed_block_ids(arg)
                     samples["get_common_computed_block_ids"].append(clock() - t)
+                elif op == ACCESS:
+                    held = ids[seq]
+                    t = clock()
+                    alloc.mark_blocks_as_accessed(held, x)
+                    samples["mark_blocks_as_accessed"].append(clock() - t)
                 else:
                     # the rare ones: timed with the driver's bookkeeping around them
                     t = clock()

@@ -7,6 +7,12 @@ the same code as ``prefixcache bench``):
    workload (roomy 1,024-block and tight 256-block pools, 12 running,
    block size 16), plus the flat-cost table from 1,000 to 1,000,000 blocks,
    timed by CPU time (``--clock cpu``: steadier on a shared machine);
+1a. the same comparison on the access-heavy workload (``--workload
+   access-heavy``: every running sequence marks all its blocks accessed at
+   every step); both workloads' ratios are rendered side by side, and each
+   latency table marks every kind of call slower than vLLM's at p50;
+1o. the oracle's checked steps per second on prefixcache.impl and on
+   vLLM 0.8.5, the shrinking apart (bench/oracle_speed.py);
 1b. the same replay's instruction counts under valgrind
    (bench/count_instructions.py), when valgrind is installed: a figure
    that does not move with the machine's load;
@@ -25,11 +31,13 @@ the same code as ``prefixcache bench``):
 
 Usage::
 
-    python bench/run_benchmarks.py [--quick] [--out bench/RESULTS.md] [--keep-json DIR]
+    python bench/run_benchmarks.py [--quick] [--short] [--oracle-seconds S]
+                                   [--out bench/RESULTS.md] [--keep-json DIR]
     python bench/run_benchmarks.py --render-only DIR [--out bench/RESULTS.md]
 
 ``--quick`` shrinks every workload (a smoke of this script, not figures to
-record).  ``--render-only DIR`` runs nothing and writes the results file from
+record).  ``--short`` runs 1, 1a and 1o only, in full, when the whole does
+not fit the time there is.  ``--render-only DIR`` runs nothing and writes the results file from
 the JSON a ``--keep-json DIR`` run kept, dated by that run.  Exit code: 0, or 1
 when a run failed.
 """
@@ -81,6 +89,21 @@ def _count_instructions(args: List[str], json_path: Path) -> Optional[Dict[str, 
         return None
     counted: Dict[str, Any] = json.loads(json_path.read_text())
     return counted
+
+
+def _oracle_speed(seconds: float, json_path: Path) -> Optional[Dict[str, Any]]:
+    """Run bench/oracle_speed.py (both targets, profiles included) with a
+    budget of ``seconds`` per campaign; its JSON, or None when it failed."""
+    shown = f"python bench/oracle_speed.py --seconds {seconds:g}"
+    print("$ " + shown, flush=True)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "oracle_speed.py"),
+                           "--seconds", f"{seconds:g}", "--json", str(json_path)], cwd=ROOT)
+    if proc.returncode != 0 or not json_path.is_file():
+        return None
+    speed: Dict[str, Any] = json.loads(json_path.read_text())
+    speed["shown_command"] = shown
+    json_path.write_text(json.dumps(speed, indent=2) + "\n")  # for --render-only
+    return speed
 
 
 def _shown(args: Sequence[str], env: Dict[str, str]) -> str:
@@ -179,7 +202,34 @@ def _checked_available() -> bool:
 # -- rendering -------------------------------------------------------------------------
 
 
-def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
+def slower_at_p50(pool: Dict[str, Any]) -> List[str]:
+    """The call kinds whose p50 is higher for the pool's first target than for
+    its second, most frequent first."""
+    results = pool["results"]
+    if len(results) != 2:
+        return []
+    first, second = results[0]["latency"], results[1]["latency"]
+    return [name for name in sorted(first, key=lambda n: (-pool["calls_by_name"].get(n, 0), n))
+            if name in second and first[name]["p50_ns"] > second[name]["p50_ns"]]
+
+
+def _p50_cell(pool: Dict[str, Any], call: str) -> str:
+    """The second target's p50 over the first's, marked when the first is slower."""
+    first = pool["results"][0]["latency"].get(call)
+    second = pool["results"][1]["latency"].get(call)
+    if not first or not second:
+        return "-"
+    if first["p50_ns"] <= 0:
+        return "-" if second["p50_ns"] <= 0 else "faster"
+    ratio = second["p50_ns"] / first["p50_ns"]
+    return f"{ratio:.2f}x" + (" **slower**" if first["p50_ns"] > second["p50_ns"] else "")
+
+
+def _pool_section(document: Dict[str, Any], names: Sequence[str],
+                  compare_p50: bool = False) -> List[str]:
+    """The throughput and latency tables of each pool of a bench run; with
+    ``compare_p50``, a column of the second target's p50 over the first's,
+    marking each call kind where the first is slower at p50."""
     lines: List[str] = []
     for pool in document["pools"]:
         config = pool["config"]
@@ -219,13 +269,23 @@ def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
                           f"{paired_text}{inside_text}; id fingerprints {same}."]
         latency_names = sorted({n for r in pool["results"] for n in r["latency"]},
                                key=lambda n: (-pool["calls_by_name"].get(n, 0), n))
+        compare = compare_p50 and len(pool["results"]) == 2
         if latency_names:
             header = "| call | count | " + " | ".join(
                 f"{name} p50 | {name} p99 | {name} ms"
                 for name in names[:len(pool["results"])]) + " |"
+            note = ""
+            if compare:
+                header += f" {names[1]} p50 / {names[0]} p50 |"
+                slower = slower_at_p50(pool)
+                note = (f"; the last column is {names[1]}'s p50 over {names[0]}'s, marked "
+                        f"**slower** where {names[0]}'s is higher ("
+                        + (", ".join(f"`{name}`" for name in slower) if slower else "none")
+                        + ")")
             lines += ["", "Latency per call, ns, and time in all calls of a kind, ms (each "
-                          "call capped at the p99; timer overhead removed):", "", header,
-                      "|---|---:|" + "---:|" * (3 * len(pool["results"]))]
+                          "call capped at the p99; timer overhead removed)" + note + ":", "",
+                      header,
+                      "|---|---:|" + "---:|" * (3 * len(pool["results"]) + int(compare))]
             for call in latency_names:
                 cells = [call, f"{pool['calls_by_name'].get(call, 0):,}"]
                 for result in pool["results"]:
@@ -233,6 +293,8 @@ def _pool_section(document: Dict[str, Any], names: Sequence[str]) -> List[str]:
                     cells += ([f"{kind['p50_ns']:,}", f"{kind['p99_ns']:,}",
                                f"{kind.get('total_ms', 0.0):.1f}"]
                               if kind else ["-", "-", "-"])
+                if compare:
+                    cells.append(_p50_cell(pool, call))
                 lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return lines
@@ -347,6 +409,91 @@ def _verify_section(verify: Optional[Dict[str, Any]]) -> List[str]:
     return lines
 
 
+def _workloads_summary(documents: Sequence[Optional[Dict[str, Any]]]) -> List[str]:
+    """Both workloads side by side: per pool, each target's calls/s, their
+    ratio and the rounds' ratios, the fingerprints, and the call kinds
+    slower than vLLM's at p50."""
+    lines = [
+        "## Both workloads side by side (issue #23)", "",
+        "The main workload, and the access-heavy one: the same requests, and every running "
+        "sequence marks all its blocks accessed (`mark_blocks_as_accessed`) at every "
+        "scheduler step, as a scheduler without vLLM's deferral does.  Each row is one run of "
+        "`prefixcache bench --against vllm`, the two targets timed in alternating rounds "
+        "(their commands are in the sections below).", "",
+        "| workload | pool | calls | prefixcache.impl calls/s | vLLM 0.8.5 calls/s | ratio | "
+        "median of the rounds' ratios | id fingerprints | slower than vLLM's at p50 |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for document in documents:
+        if document is None:
+            continue
+        workload = document.get("workload", "main")
+        for pool in document["pools"]:
+            results = pool["results"]
+            if len(results) != 2 or pool.get("ratio") is None:
+                lines.append(f"| {workload} | {pool['pool']} | {pool['calls']:,} | - | - | - |"
+                             " - | - | - |")
+                continue
+            rounds = round_ratios(*(result["seconds_all"] for result in results))
+            paired = pool.get("paired_ratio")
+            slower = slower_at_p50(pool)
+            latency = any(result["latency"] for result in results)
+            lines.append(
+                f"| {workload} | {pool['pool']} | {pool['calls']:,} | "
+                f"{results[0]['calls_per_s']:,.0f} | {results[1]['calls_per_s']:,.0f} | "
+                f"**{pool['ratio']:.3g}x** | "
+                + (f"{paired:.3g}x" if paired is not None else "-")
+                + (f" ({rounds[0]:.3g}x to {rounds[-1]:.3g}x)" if len(rounds) > 1 else "")
+                + f" | {'identical' if pool['fingerprints_identical'] else '**different**'} | "
+                + (", ".join(f"`{name}`" for name in slower) if slower
+                   else ("none" if latency else "not measured")) + " |")
+    return lines + [""]
+
+
+def _oracle_section(speed: Optional[Dict[str, Any]], skipped: str = "") -> List[str]:
+    """The oracle's checked steps per second on each target, the shrinking
+    apart, and its profile's own time by part."""
+    lines = ["## Oracle speed (issue #23)", ""]
+    if speed is None:
+        return lines + [skipped or "bench/oracle_speed.py failed: not measured.", ""]
+    lines += [
+        "One `prefixcache fuzz` campaign per target, one worker, white-box checks on, "
+        f"{speed['seconds']:g} s each: prefixcache.impl with caller mistakes included, and "
+        "vLLM 0.8.5 judged by its own rules on valid calls.  vLLM's campaign has findings and "
+        "shrinks each new one: the time and the steps spent shrinking are apart, and the "
+        "checked steps/s of the search are its steps outside shrinking over its time outside "
+        "shrinking.  The budget is wall time; the CPU time of the campaign is measured too, "
+        "and the figures per CPU second say what a core of its own would give (the checking "
+        "part's CPU time taken in proportion to its wall time).",
+        "", "```", speed.get("shown_command", speed.get("command", "")), "```", "",
+        "| target | campaign | steps | s | shrinking s | shrinking steps | steps/s | "
+        "checked steps/s | CPU share | steps per CPU s | checked steps per CPU s | findings |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in speed["speeds"]:
+        share = row["cpu_seconds"] / row["seconds"] if row["seconds"] else 0.0
+        lines.append(
+            f"| {row['target']} | `{row['command']}` | {row['steps']:,} | {row['seconds']:.1f} | "
+            f"{row['shrink_seconds']:.1f} | {row['shrink_steps']:,} | "
+            f"{row['steps_per_s']:,.0f} | **{row['checking_steps_per_s']:,.0f}** | "
+            f"{share:.0%} | {row['steps_per_cpu_s']:,.0f} | "
+            f"**{row['checking_steps_per_cpu_s']:,.0f}** | {row['findings']} |")
+    profiles = speed.get("profiles") or []
+    if profiles:
+        parts = sorted({part for profile in profiles for part in profile["parts"]},
+                       key=lambda part: -max(p["parts"].get(part, 0.0) for p in profiles))
+        lines += ["", "Own time by part under cProfile (a second campaign of each, the same "
+                      "budget; shrinking included):", "",
+                  "| part | " + " | ".join(p["target"] for p in profiles) + " |",
+                  "|---|" + "---:|" * len(profiles)]
+        totals = [sum(p["parts"].values()) or 1.0 for p in profiles]
+        for part in parts:
+            lines.append(f"| {part} | " + " | ".join(
+                f"{100 * p['parts'].get(part, 0.0) / total:.1f}%"
+                for p, total in zip(profiles, totals)) + " |")
+    return lines + [""]
+
+
 def _written_at(kept: Path) -> datetime.datetime:
     """When a kept run wrote its last file: the time of its results."""
     newest = max(path.stat().st_mtime for path in kept.iterdir())
@@ -359,14 +506,19 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
            construction: Optional[List[Dict[str, Any]]] = None,
            driver: Optional[Dict[str, Any]] = None,
            recorded: Optional[datetime.datetime] = None,
-           counted_off: Optional[Dict[str, Any]] = None) -> str:
-    """The text of RESULTS.md, for a run made at ``recorded`` (now by default)."""
+           counted_off: Optional[Dict[str, Any]] = None,
+           access: Optional[Dict[str, Any]] = None,
+           oracle: Optional[Dict[str, Any]] = None, short: bool = False) -> str:
+    """The text of RESULTS.md, for a run made at ``recorded`` (now by default);
+    ``short``: a ``--short`` run, which left out the sections after the
+    oracle's speed."""
     recorded = recorded or datetime.datetime.now(datetime.timezone.utc)
     now = recorded.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmark results",
         "",
-        "Recorded by `python bench/run_benchmarks.py`" + (" --quick" if quick else "")
+        "Recorded by `python bench/run_benchmarks.py" + (" --quick" if quick else "")
+        + (" --short" if short else "") + "`"
         + f" on {now}: Python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs.  A benchmark is not a test; these figures are what this "
         "machine measured, with whatever else was running on it.",
@@ -388,6 +540,9 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         "planning allocator did, so the replay is the program a scheduler would have issued "
         "to it.",
         "",
+    ]
+    lines += _workloads_summary([main, access])
+    lines += [
         "## prefixcache.impl against vLLM 0.8.5",
         "",
         "```",
@@ -395,7 +550,24 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         "```",
         "",
     ]
-    lines += _pool_section(main, ["prefixcache.impl", "vLLM 0.8.5"])
+    lines += _pool_section(main, ["prefixcache.impl", "vLLM 0.8.5"], compare_p50=True)
+    if access is not None:
+        lines += ["## The access-heavy workload against vLLM 0.8.5", "",
+                  "The main workload's requests, with every running sequence marking all its "
+                  "blocks accessed at every scheduler step.", "",
+                  "```", access["shown_command"], "```", ""]
+        lines += _pool_section(access, ["prefixcache.impl", "vLLM 0.8.5"], compare_p50=True)
+    lines += _oracle_section(oracle)
+    if short:
+        if main.get("scaling"):
+            lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
+                      "```", main["shown_command"], "```", ""]
+            lines += _scaling_section(main)
+        lines += ["## Not run in this recording", "",
+                  "`--short` runs the two workloads against vLLM (and the flat-cost table) "
+                  "and the oracle's speed only: the instruction counts, the driver's share, "
+                  "the contracts, verify_content and construction were not measured.", ""]
+        return "\n".join(lines)
     lines += ["## Instructions (independent of the machine's load)", ""]
     lines += _instructions_section(counted)
     lines += _driver_section(driver)
@@ -404,16 +576,20 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
                   "```", main["shown_command"], "```", ""]
         lines += _scaling_section(main)
     lines += ["## Contracts", ""]
-    if off is None or on is None:
+    if off is None and on is None:
         lines += ["prefixcache.spec.checked was not importable: not measured.", ""]
-    else:
+    if off is not None:
         lines += ["Contracts off: the checked allocator's names are the impl's classes "
                   "themselves.", "", "```", off["shown_command"], "```", ""]
         lines += _pool_section(off, ["checked (contracts off)", "plain impl"])
+    if off is not None and on is None:
+        lines += ["Contracts on: not measured in this recording (see the notes).", ""]
+    if on is not None:
         lines += ["Contracts on (a smaller workload: each check reads the whole abstract "
                   "state, so its cost grows with the pool):", "", "```", on["shown_command"],
                   "```", ""]
         lines += _pool_section(on, ["checked (contracts on)", "plain impl"])
+    if off is not None and on is not None:
         ratio_on = on["pools"][0].get("ratio")
         ratio_off = off["pools"][0].get("ratio")
         if ratio_on and ratio_off:
@@ -429,6 +605,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the benchmarks and write the results file; 0 or 1."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small workloads (a smoke)")
+    parser.add_argument("--short", action="store_true",
+                        help="only the two workloads against vLLM (with the flat-cost table) "
+                             "and the oracle's speed, in full")
+    parser.add_argument("--oracle-seconds", type=float, default=None, metavar="S",
+                        help="each oracle speed campaign's budget (30; --quick: 3)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "RESULTS.md"),
                         help="where to write the results (bench/RESULTS.md)")
     parser.add_argument("--keep-json", default=None, metavar="DIR",
@@ -449,13 +630,18 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
             return 1
         construction_kept = load("construction.json")
+        run_kept = load("run.json") or {}
         Path(args.out).write_text(render(main_kept, load("contracts_off.json"),
-                                         load("contracts_on.json"), args.quick,
+                                         load("contracts_on.json"),
+                                         run_kept.get("quick", args.quick),
                                          load("instructions.json"), load("verify_content.json"),
                                          construction_kept["rows"] if construction_kept
                                          else None, load("driver.json"),
                                          _written_at(kept),
-                                         load("instructions_contracts_off.json")) + "\n")
+                                         load("instructions_contracts_off.json"),
+                                         load("access_heavy_vs_vllm.json"),
+                                         load("oracle_speed.json"),
+                                         run_kept.get("short", args.short)) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -464,8 +650,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
         out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "run.json").write_text(json.dumps({"quick": args.quick,
+                                                      "short": args.short}) + "\n")
         main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "7", "--clock", "cpu",
                            *quick], out_dir / "impl_vs_vllm.json", {})
+        access = _bench(["--workload", "access-heavy", "--against", "vllm", "--repeats", "7",
+                         "--clock", "cpu", *quick], out_dir / "access_heavy_vs_vllm.json", {})
+        seconds = args.oracle_seconds or (3.0 if args.quick else 30.0)
+        oracle = _oracle_speed(seconds, out_dir / "oracle_speed.json")
+        if args.short:
+            Path(args.out).write_text(render(main_run, None, None, args.quick, access=access,
+                                             oracle=oracle, short=True) + "\n")
+            print(f"wrote {args.out}")
+            return 1 if any(doc["exit_code"] != 0 for doc in (main_run, access)) \
+                or oracle is None else 0
         counted = _count_instructions(counted_quick, out_dir / "instructions.json")
         driver_path = out_dir / "driver.json"
         small = ["--repeats", "1"] if args.quick else []
@@ -493,11 +691,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         construction = _construction(sizes)
         (out_dir / "construction.json").write_text(json.dumps({"rows": construction}) + "\n")
     Path(args.out).write_text(render(main_run, off, on, args.quick, counted, verify,
-                                     construction, driver, counted_off=counted_off) + "\n")
+                                     construction, driver, counted_off=counted_off,
+                                     access=access, oracle=oracle) + "\n")
     print(f"wrote {args.out}")
     failed = any(doc is not None and doc["exit_code"] != 0
-                 for doc in (main_run, off, on, verify))
-    return 1 if failed else 0
+                 for doc in (main_run, access, off, on, verify))
+    return 1 if failed or oracle is None else 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@ requests and returns the operations it issued, sequence by sequence:
   recompute: freed and re-queued; a parallel group by swap-out);
 * every step does the block manager's bookkeeping: the cached prefix of
   every scheduled sequence, the common computed prefix of its group, and
-  ``mark_blocks_as_computed``.
+  ``mark_blocks_as_computed``;
+* with ``access_heavy`` (the *access-heavy* workload), every running
+  sequence also marks all its blocks accessed at every step, as a scheduler
+  without vLLM's deferral does (vLLM 0.8.5 records a sequence's access time
+  only when the sequence is freed or swapped out).
 
 The requests depend only on the seed.  Which operations follow depends on
 the allocator's answers to those queries, and only on them: the scheduler
@@ -42,6 +46,7 @@ Operations are tuples whose first item is the kind (see :data:`OP_KINDS`)::
     ("free", seq, now)                       record access time, free every block
     ("swap_out", seq, now)                   record access time, swap the blocks out
     ("swap_in", seq)                         swap the sequence's blocks back in
+    ("access", seq, now)                     mark every block accessed (access_heavy)
 
 ``expected`` is None in the operation the scheduler passes to the probe and
 the probe's answer in the operation it keeps.
@@ -62,15 +67,23 @@ Probe = Callable[[Op], Optional[int]]
 
 OP_KINDS = (
     "query_free", "query_touched", "admit", "fork", "append", "scheduled",
-    "mark_computed", "free", "swap_out", "swap_in",
+    "mark_computed", "free", "swap_out", "swap_in", "access",
 )
+
+#: The workloads by name (``prefixcache bench --workload NAME``): the main
+#: one, and the access-heavy one (:attr:`WorkloadConfig.access_heavy`).
+MAIN = "main"
+ACCESS_HEAVY = "access-heavy"
+WORKLOADS = (MAIN, ACCESS_HEAVY)
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
     """The knobs of a workload.  ``num_blocks`` and ``block_size`` are the
     allocator's; ``max_running`` caps the running sequences (vLLM's
-    ``max_num_seqs``); ``num_requests`` counts turns, follow-ups included."""
+    ``max_num_seqs``); ``num_requests`` counts turns, follow-ups included.
+    ``access_heavy``: every running sequence marks all its blocks accessed
+    at every scheduler step (the access-heavy workload)."""
 
     num_blocks: int = 1024
     block_size: int = 16
@@ -93,6 +106,12 @@ class WorkloadConfig:
     arrival_rate: float = 0.12
     max_batched_tokens: int = 2048
     watermark: float = 0.01
+    access_heavy: bool = False
+
+    @property
+    def workload_name(self) -> str:
+        """``"access-heavy"`` or ``"main"``: which workload this is."""
+        return ACCESS_HEAVY if self.access_heavy else MAIN
 
     def validate(self) -> None:
         """Raise ValueError when a knob is out of range."""
@@ -371,13 +390,18 @@ class _Scheduler:
             admitted += 1
 
     def bookkeeping(self, now: float) -> None:
-        """The block manager's per-step queries for every scheduled group."""
+        """The block manager's per-step queries for every scheduled group
+        (and, access-heavy, every running sequence's access marks)."""
+        access_heavy = self.config.access_heavy
         for group in self.running:
             live = group.live
             for seq in live:
                 seq.last_scheduled = now
             if live:
                 self.emit(("scheduled", tuple(seq.seq_id for seq in live)))
+            if access_heavy:
+                for seq in live:
+                    self.emit(("access", seq.seq_id, now))
         for _ in self.running:
             self.emit(("mark_computed",))
 

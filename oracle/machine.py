@@ -66,6 +66,9 @@ class Stats:
     """What every machine of one campaign has done, summed."""
 
     steps: int = 0
+    #: of ``steps``, those run while Hypothesis shrank a failing example
+    #: (after ``failing_since`` in a batch): not the search's checking
+    shrink_steps: int = 0
     examples: int = 0
     coverage: Counter[str] = field(default_factory=Counter)
     #: signature -> how often a known finding halted an example
@@ -191,6 +194,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             found = violation
         finally:
             stats.steps += 1
+            if stats.failing_since is not None:
+                stats.shrink_steps += 1
             for label in self.d.step_events:
                 event(label)
                 stats.coverage[label] += 1

@@ -96,6 +96,7 @@ class Outcome:
     def merge(self, other: Outcome) -> None:
         """Add another worker's outcome (its time runs in parallel)."""
         self.stats.steps += other.stats.steps
+        self.stats.shrink_steps += other.stats.shrink_steps
         self.stats.examples += other.stats.examples
         self.stats.coverage.update(other.stats.coverage)
         self.stats.known_seen.update(other.stats.known_seen)

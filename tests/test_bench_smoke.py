@@ -8,6 +8,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, List
 
@@ -16,6 +17,7 @@ from helpers import broken_allocators
 
 from prefixcache.bench import benchmark as bench
 from prefixcache.bench.replayer import (
+    ACCESS,
     CALL_NAMES,
     FREE_DECODE,
     MARK_COMPUTED,
@@ -33,6 +35,7 @@ from prefixcache.oracle.targets import Target, resolve_target
 TINY = WorkloadConfig(num_blocks=48, block_size=4, max_running=4, num_requests=16,
                       seed=3, system_prompt_tokens=(4, 40), user_tokens=(1, 12),
                       output_tokens=(1, 24), parallel_prob=0.3, arrival_rate=0.5)
+TINY_ACCESS_HEAVY = WorkloadConfig(**{**TINY.__dict__, "access_heavy": True})
 
 
 def _sha256_allocator(num_blocks: int, block_size: int) -> Any:
@@ -117,6 +120,84 @@ class _CountingAllocator(PrefixCachingBlockAllocator):
         return value
 
 
+def test_the_access_heavy_workload_marks_every_running_sequence_every_step() -> None:
+    """Access-heavy: right after a group's ``scheduled``, each of its running
+    sequences marks its blocks accessed at the step's time; the main
+    workload makes no such marks; the program makes one
+    ``mark_blocks_as_accessed`` per mark, on the sequence's current ids."""
+    main = plan(TINY)
+    heavy = plan(TINY_ACCESS_HEAVY)
+    assert TINY_ACCESS_HEAVY.workload_name == "access-heavy" and TINY.workload_name == "main"
+    assert not any(op[0] == "access" for op in main.workload.ops)
+    ops = heavy.workload.ops
+    marks = 0
+    for index, op in enumerate(ops):
+        if op[0] != "scheduled":
+            continue
+        following = ops[index + 1:index + 1 + len(op[1])]
+        assert [(o[0], o[1]) for o in following] == [("access", seq) for seq in op[1]]
+        assert len({o[2] for o in following}) == 1
+        marks += len(op[1])
+    assert marks == sum(1 for op in ops if op[0] == "access") > 0
+    times = [op[2] for op in ops if op[0] == "access"]
+    assert times == sorted(times) and len(set(times)) > 1  # a new time every step
+    program = heavy.program
+    assert sum(1 for instruction in program.instructions if instruction[0] == ACCESS) == marks
+    extra = (program.calls_by_name["mark_blocks_as_accessed"]
+             - main.program.calls_by_name["mark_blocks_as_accessed"])
+    assert extra == marks and program.calls == main.program.calls + marks
+    recorded = _AccessRecorder(num_blocks=TINY.num_blocks, block_size=TINY.block_size)
+    machine = Machine(recorded, program.num_seqs)
+    machine.run(program.instructions)
+    assert machine.answers == program.expected
+    assert recorded.marks == program.calls_by_name["mark_blocks_as_accessed"]
+
+
+class _AccessRecorder(PrefixCachingBlockAllocator):
+    """Counts ``mark_blocks_as_accessed``; the allocator itself refuses an id
+    it does not hold (a stale id in the driver would raise)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.marks = 0
+
+    def mark_blocks_as_accessed(self, block_ids: List[int], now: float) -> None:
+        self.marks += 1
+        assert block_ids, "a running sequence has blocks"
+        super().mark_blocks_as_accessed(block_ids, now)
+
+
+def test_both_targets_give_identical_fingerprints_on_the_access_heavy_workload() -> None:
+    """prefixcache.impl and vLLM 0.8.5 replay the access-heavy program with
+    the same ids, the planned answers and per-call latencies of the marks."""
+    program_plan = plan(TINY_ACCESS_HEAVY)
+    targets = [resolve_target(None), bench.load_target(bench.VLLM)]
+    results = bench.measure(targets, program_plan, "tiny", TINY.num_blocks, repeats=1,
+                            latency=True)
+    assert [r.error for r in results] == [None, None]
+    assert results[0].fingerprint == results[1].fingerprint
+    assert all(r.answers_match for r in results)
+    for result in results:
+        assert (result.latency["mark_blocks_as_accessed"].count
+                == program_plan.program.calls_by_name["mark_blocks_as_accessed"])
+
+
+def test_the_verb_times_the_access_heavy_workload(tmp_path: Path) -> None:
+    """``prefixcache bench --workload access-heavy`` names its workload in the JSON."""
+    out = tmp_path / "bench.json"
+    code = bench.main(["--workload", "access-heavy", "--blocks", "256", "--tight-blocks", "0",
+                       "--running", "4", "--requests", "6", "--repeats", "1",
+                       "--against", "prefixcache.impl.prefix_caching_block:"
+                       "PrefixCachingBlockAllocator", "--json", str(out)])
+    assert code == 0
+    document = json.loads(out.read_text())
+    assert document["workload"] == "access-heavy"
+    pool = document["pools"][0]
+    assert pool["workload_name"] == "access-heavy" and pool["config"]["access_heavy"] is True
+    assert pool["fingerprints_identical"] is True
+    assert "mark_blocks_as_accessed" in pool["results"][0]["latency"]
+
+
 def test_two_correct_allocators_hand_out_the_same_ids() -> None:
     program_plan = plan(TINY)
     builtin = resolve_target(None)
@@ -181,6 +262,7 @@ def _bench_script(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"prefixcache_bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -200,6 +282,26 @@ def test_the_driver_cost_stand_in_replays_the_recorded_answers() -> None:
                             TINY.num_blocks, repeats=2, latency=False)
     assert [r.error for r in results] == [None, None]
     assert results[0].answers_match and results[1].answers_match
+
+
+def test_the_oracle_speed_reports_both_targets_with_the_shrinking_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/oracle_speed.py runs a campaign on prefixcache.impl and one on vLLM
+    0.8.5 (its own rules, valid calls) and gives the shrinking's time and
+    steps apart from the checking's."""
+    script = _bench_script("oracle_speed")
+    out = tmp_path / "speed.json"
+    assert script.main(["--seconds", "2", "--no-profile", "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    speeds = document["speeds"]
+    assert [speed["target"] for speed in speeds] == ["prefixcache.impl", "vLLM 0.8.5"]
+    assert "--semantics vllm-0.8.5 --no-mistakes" in speeds[1]["command"]
+    for speed in speeds:
+        assert speed["steps"] > 0
+        assert 0 <= speed["shrink_steps"] <= speed["steps"]
+        assert 0 <= speed["shrink_seconds"] <= speed["seconds"]
+        assert speed["shrink_steps"] == 0 or speed["findings"] > 0
+    assert "checked steps/s" in capsys.readouterr().out
 
 
 def test_the_paired_ratio_is_the_median_of_the_rounds_ratios() -> None:
@@ -234,6 +336,7 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
     document = json.loads(main_json.read_text())  # as run_benchmarks.py keeps it
     document.update(exit_code=0, shown_command="prefixcache bench ...")
     main_json.write_text(json.dumps(document))
+    (kept / "contracts_off.json").write_text(json.dumps(document))  # contracts on missing
     (kept / "instructions_contracts_off.json").write_text(json.dumps({
         "pair": "contracts-off", "fingerprints_identical": True,
         "rows": [{"target": "checked (contracts off)", "instructions": 1_000_200},
@@ -252,6 +355,48 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
     assert f"from {rounds[0]:.3g}x to {rounds[-1]:.3g}x)" in text
     assert ("checked (contracts off) 1,000,200, plain impl 1,000,000: **1.0002x**; "
             "id fingerprints identical.") in text
+    assert "Contracts on: not measured in this recording" in text
+    assert "not importable" not in text
+
+
+def _pool(workload_p50s: List[int], vllm_p50s: List[int]) -> Any:
+    names = ["free", "mark_blocks_as_accessed"]
+
+    def latency(p50s: List[int]) -> Any:
+        return {name: {"count": 1, "p50_ns": p50, "p99_ns": p50, "total_ms": 0.0}
+                for name, p50 in zip(names, p50s)}
+    return {"pool": "roomy", "calls": 10, "calls_by_name": {"free": 6,
+                                                            "mark_blocks_as_accessed": 4},
+            "ratio": 2.0, "paired_ratio": 2.0, "fingerprints_identical": True,
+            "results": [{"calls_per_s": 200.0, "seconds_all": [1.0, 1.0],
+                         "latency": latency(workload_p50s)},
+                        {"calls_per_s": 100.0, "seconds_all": [2.0, 2.0],
+                         "latency": latency(vllm_p50s)}]}
+
+
+def test_results_mark_the_call_kinds_slower_than_vllms_at_p50() -> None:
+    """The side-by-side table names, per workload, the kinds of call whose p50
+    is above vLLM's; the oracle section shows both targets' checked steps/s."""
+    script = _bench_script("run_benchmarks")
+    main = {"workload": "main", "pools": [_pool([100, 300], [200, 200])]}
+    heavy = {"workload": "access-heavy", "pools": [_pool([100, 100], [200, 200])]}
+    assert script.slower_at_p50(main["pools"][0]) == ["mark_blocks_as_accessed"]
+    text = "\n".join(script._workloads_summary([main, heavy]))
+    assert "| main | roomy | 10 | 200 | 100 | **2x** | 2x (2x to 2x) | identical | " \
+           "`mark_blocks_as_accessed` |" in text
+    assert ("| access-heavy | roomy | 10 | 200 | 100 | **2x** | 2x (2x to 2x) | identical | "
+            "none |") in text
+    speed = {"seconds": 5, "command": "python bench/oracle_speed.py --seconds 5",
+             "speeds": [{"target": target, "command": "prefixcache fuzz", "steps": 100,
+                         "seconds": 5.0, "shrink_seconds": 4.0, "shrink_steps": 90,
+                         "steps_per_s": 20.0, "checking_steps_per_s": 10.0,
+                         "cpu_seconds": 2.5, "steps_per_cpu_s": 40.0,
+                         "checking_steps_per_cpu_s": 20.0, "findings": 1}
+                        for target in ("prefixcache.impl", "vLLM 0.8.5")],
+             "profiles": []}
+    oracle = "\n".join(script._oracle_section(speed))
+    assert "| vLLM 0.8.5 | `prefixcache fuzz` | 100 | 5.0 | 4.0 | 90 | 20 | **10** | 50% | " \
+           "40 | **20** | 1 |" in oracle
 
 
 def test_the_soak_checks_a_correct_allocator_and_finds_nothing() -> None:
