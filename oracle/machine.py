@@ -227,6 +227,13 @@ class AllocatorMachine(RuleBasedStateMachine):
     def pick(self, data: st.DataObject, seqs: List[Seq]) -> Seq:
         return seqs[data.draw(st.integers(0, len(seqs) - 1), label="which")]
 
+    def markable(self, seqs: List[Seq]) -> List[Seq]:
+        """The sequences of ``seqs`` whose ids ``mark_blocks_as_accessed``
+        takes: those on the GPU (a device pair passes every id to its GPU
+        allocator, so the ids of a sequence swapped to the CPU are a caller
+        mistake there)."""
+        return [s for s in seqs if s.device == "GPU"]
+
     def ids(self, seq: Seq) -> List[int]:
         return [self.handle(n).block_id for n in seq.names]
 
@@ -405,7 +412,10 @@ class AllocatorMachine(RuleBasedStateMachine):
     def mark_accessed(self, data: st.DataObject) -> None:
         """Record an access time for a sequence's blocks (ties and
         out-of-order times on purpose)."""
-        seq = self.pick(data, self.seqs)
+        markable = self.markable(self.seqs)
+        if not markable:
+            return
+        seq = self.pick(data, markable)
         self.run("mark_blocks_as_accessed", block_ids=self.ids(seq),
                  now=data.draw(TIMES, label="now"))
 
@@ -466,7 +476,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         """Give the first blocks of a sequence an older access time than
         the rest, then free it: its prefix is evicted before its tail, so
         a chain can be uncached in front and cached behind."""
-        seq = self.pick(data, [s for s in self.seqs if len(s.names) > 1])
+        longer = self.markable([s for s in self.seqs if len(s.names) > 1])
+        if not longer:
+            return
+        seq = self.pick(data, longer)
         cut = data.draw(st.integers(1, len(seq.names) - 1), label="cut")
         ids = self.ids(seq)
         self.run("mark_blocks_as_accessed", block_ids=ids[:cut], now=0)

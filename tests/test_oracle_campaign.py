@@ -186,3 +186,14 @@ def test_real_vllm_shows_its_faults_each_replayable(tmp_path: Path) -> None:
         replayed = run_cli("replay", finding["trace_file"], cwd=tmp_path)
         assert replayed.returncode == 1
         assert f"# signature: {finding['signature']}" in replayed.stdout
+
+
+def test_a_device_pair_marks_accesses_of_gpu_sequences_only(tmp_path: Path) -> None:
+    """mark_blocks_as_accessed of a device pair goes to its GPU allocator, so
+    a valid call names GPU ids only: with --no-mistakes the machine never
+    marks a sequence swapped to the CPU (it used to, and the campaign ended
+    in an OracleError after a few dozen examples of this seed)."""
+    report = fuzz(tmp_path, "--target", "prefixcache.impl.cpu_gpu_block_allocator:"
+                  "CpuGpuBlockAllocator", "--no-mistakes", "--examples", "50", "--seed", "0",
+                  expect=0)
+    assert report["findings"] == [] and report["examples"] >= 50
