@@ -5,6 +5,7 @@ more than vLLM's own block tests?
     pip install -e ".[test]"
     python bench/vllm_mutation.py --sample 200 --seed 0 --jobs 2   # the campaign
     python bench/vllm_mutation.py --resume --jobs 2                # continue it
+    python bench/vllm_mutation.py --resume --rejudge-oracle all    # the oracle again, tests kept
     python bench/vllm_mutation.py --report                         # re-render the report
     python bench/vllm_mutation.py --smoke                          # CI: 4 mutants, < 90 s
 
@@ -27,9 +28,10 @@ Each mutant is judged twice, each judge a subprocess with its own time limit
 
 * **the oracle alone**: ``prefixcache fuzz --target <the mutant tree's
   PrefixCachingBlockAllocator> --semantics vllm-0.8.5 --no-mistakes
-  --stop-at-first --seconds B`` with the tree first on ``PYTHONPATH``; when the
-  mutated function is a swap (``swap_in``, ``swap_out``) the budget is split
-  between that target and the tree's ``CpuGpuBlockAllocator``.  Killed: a
+  --stop-at-first --seconds B`` with the tree first on ``PYTHONPATH``, then,
+  when that finds nothing, the same for ``B/2`` seconds on the tree's
+  ``CpuGpuBlockAllocator`` (a device pair: two prefix-caching allocators with
+  their own id ranges, and swaps between them).  Killed: a
   finding (exit 1; a hang under ``--call-timeout`` is one), a crash (any other
   exit code but 0: the mutant does not import or build) or the run passing its
   time limit;
@@ -87,10 +89,14 @@ FILES = ("core/evictor.py", "core/block/prefix_caching_block.py")
 PREFIX_TARGET = "vllm.core.block.prefix_caching_block:PrefixCachingBlockAllocator"
 CPU_GPU_TARGET = "vllm.core.block.cpu_gpu_block_allocator:CpuGpuBlockAllocator"
 #: Bump when a judge changes: results of another version are not resumed.
-JUDGE_VERSION = 1
+JUDGE_VERSION = 2
 #: Seconds a judge may run past its budget (start-up, shrinking, teardown)
 #: before it counts as a hang.
 ORACLE_SLACK = 60.0
+#: Classes of prefix_caching_block.py that are vLLM's block manager's helpers, not
+#: the allocator: the oracle, which drives the allocator API, never calls them; the
+#: report gives the kill rates over the allocator's own code apart.
+HELPERS = ("ComputedBlocksTracker", "LastAccessBlocksTracker")
 #: The smoke (CI): these mutants, a short budget, only the prefix-caching tests.
 SMOKE_MUTANTS = (
     "vllm.core.evictor.xǁLRUEvictorǁevict__mutmut_1",
@@ -125,12 +131,6 @@ class VllmMutant:
         edits = {path: list(changes) for path, changes in repairs.items()}
         edits.setdefault(self.path, []).append((self.old, self.new))
         return edits
-
-    @property
-    def swap(self) -> bool:
-        """Whether the mutated function is a swap (the oracle then also drives
-        the device pair)."""
-        return "swap" in self.function.rpartition("ǁ")[2]
 
 
 def _unique_edit(text: str, before: str, after: str) -> Optional[Tuple[str, str]]:
@@ -310,13 +310,12 @@ def fuzz_tree(tree: Path, target: str, seconds: float, seed: int,
         return Verdict("crash", f"exit code {code}: {tail}", spent)
 
 
-def judge_oracle(tree: Path, swap: bool, budget: float, seed: int,
-                 call_timeout: float) -> Verdict:
-    """The oracle's verdict on ``tree``: the prefix-caching allocator for
-    ``budget`` seconds, or, with ``swap``, half of it and the device pair the
-    other half (the second run only when the first finds nothing)."""
-    plan = ([(PREFIX_TARGET, budget / 2), (CPU_GPU_TARGET, budget / 2)] if swap
-            else [(PREFIX_TARGET, budget)])
+def judge_oracle(tree: Path, budget: float, seed: int, call_timeout: float) -> Verdict:
+    """The oracle's verdict on ``tree``: its prefix-caching allocator for
+    ``budget`` seconds, then, when that finds nothing, its device pair
+    (``CpuGpuBlockAllocator``, which builds the prefix-caching allocators with
+    their own id ranges and swaps between them) for ``budget / 2``."""
+    plan = [(PREFIX_TARGET, budget), (CPU_GPU_TARGET, budget / 2)]
     spent = 0.0
     verdict = Verdict("survived", "", 0.0)
     for target, seconds in plan:
@@ -405,38 +404,50 @@ def baseline(repaired: Path, settings: Settings, test_timeout: float) -> Dict[st
 
 
 def judge(mutant: VllmMutant, repairs: vllm_source.Edits, settings: Settings,
-          test_timeout: float) -> Dict[str, Any]:
+          test_timeout: float, previous: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Both verdicts on ``mutant`` (its tree built, judged, removed), as the
-    results file keeps them."""
+    results file keeps them; with ``previous`` (an earlier entry), only the
+    oracle judges again and the tests' verdict is kept."""
     tree = vllm_source.source_tree(VERSION, mutant.edits(repairs))
     try:
-        oracle = judge_oracle(tree, mutant.swap, settings.budget, settings.seed,
-                              settings.call_timeout)
-        tests = judge_tests(tree, test_timeout, settings.tests)
+        oracle = asdict(judge_oracle(tree, settings.budget, settings.seed,
+                                     settings.call_timeout))
+        tests = (dict(previous["tests"]) if previous is not None
+                 else asdict(judge_tests(tree, test_timeout, settings.tests)))
     finally:
         shutil.rmtree(tree, ignore_errors=True)
-    return {**asdict(mutant), "oracle": asdict(oracle), "tests": asdict(tests)}
+    return {**asdict(mutant), "oracle": oracle, "tests": tests,
+            "judge_version": settings.judge_version}
 
 
 def run_campaign(chosen: Sequence[VllmMutant], data: Dict[str, Any], repairs: vllm_source.Edits,
                  settings: Settings, jobs: int, test_timeout: float, results: Path,
-                 skip: Callable[[VllmMutant], bool]) -> None:
+                 skip: Callable[[VllmMutant], bool], rejudge: Optional[str] = None) -> None:
     """Judge every mutant of ``chosen`` not in ``data["mutants"]`` yet and not
-    ``skip``-ped, ``jobs`` at a time, saving ``data`` to ``results`` after each."""
-    todo = [m for m in chosen if m.name not in data["mutants"] and not skip(m)]
-    print(f"{len(todo)} mutants to judge ({len(chosen) - len(todo)} done or set aside), "
-          f"{jobs} at a time", flush=True)
+    ``skip``-ped, ``jobs`` at a time, saving ``data`` to ``results`` after each;
+    with ``rejudge`` ``"survivors"`` (``"all"``), the oracle also judges again
+    each mutant it did not kill (each mutant judged already), and the tests'
+    verdict is kept."""
+    done = data["mutants"]
+    again = [m for m in chosen if rejudge and m.name in done and not skip(m)
+             and (rejudge == "all" or done[m.name]["oracle"]["status"] == "survived")]
+    todo = [m for m in chosen if m.name not in done and not skip(m)]
+    print(f"{len(todo)} mutants to judge, {len(again)} to judge again by the oracle, "
+          f"{len(chosen) - len(todo) - len(again)} done or set aside; {jobs} at a time",
+          flush=True)
     lock = threading.Lock()
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(judge, m, repairs, settings, test_timeout): m for m in todo}
-        for done, future in enumerate(as_completed(futures), 1):
+        futures = {pool.submit(judge, m, repairs, settings, test_timeout,
+                               done[m.name] if m.name in done else None): m
+                   for m in again + todo}
+        for count, future in enumerate(as_completed(futures), 1):
             m = futures[future]
             entry = future.result()
             with lock:
                 data["mutants"][m.name] = entry
                 save_results(results, data)
-            print(f"[{time.monotonic() - start:6.0f} s] {done}/{len(todo)} {m.name}: "
+            print(f"[{time.monotonic() - start:6.0f} s] {count}/{len(futures)} {m.name}: "
                   f"oracle {entry['oracle']['status']}, tests {entry['tests']['status']}",
                   flush=True)
 
@@ -465,11 +476,30 @@ def _short(name: str) -> str:
         "vllm.core.evictor.", "evictor.")
 
 
+def is_helper(name: str) -> bool:
+    """Whether the mutant ``name`` is in one of :data:`HELPERS` (code the
+    oracle never calls)."""
+    return any(f"ǁ{cls}ǁ" in name for cls in HELPERS)
+
+
 def _entry(name: str, entry: Mapping[str, Any], verdicts: Sequence[str]) -> List[str]:
     said = "; ".join(f"{judge}: {entry[judge]['status']}"
                      + (f" (`{entry[judge]['detail']}`)" if entry[judge]["detail"] else "")
                      for judge in verdicts)
     return [f"#### `{_short(name)}`", "", said, "", "```diff", entry["diff"], "```", ""]
+
+
+def _session(session: Mapping[str, Any]) -> str:
+    again = session.get("rejudge_oracle")
+    what = f"the oracle again on {again}" if again else "a run"
+    return f"{what}: {session['seconds'] / 60:.0f} min, jobs {session['jobs']}"
+
+
+def _counts(mutants: Mapping[str, Mapping[str, Any]], judge: str) -> str:
+    found: Dict[str, int] = {}
+    for m in mutants.values():
+        found[m[judge]["status"]] = found.get(m[judge]["status"], 0) + 1
+    return ", ".join(f"{status} {count}" for status, count in sorted(found.items()))
 
 
 def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
@@ -481,34 +511,38 @@ def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
     listed = {name: e for name, e in ((n, mutation.equivalent_of(n, m["diff"], equivalents))
                                       for n, m in mutants.items()) if e is not None}
     judged = {n: m for n, m in mutants.items() if n not in listed}
-    n = len(judged)
+    allocator = {n for n in judged if not is_helper(n)}
     oracle = {k for k, m in judged.items() if m["oracle"]["status"] != "survived"}
     tests = {k for k, m in judged.items() if m["tests"]["status"] != "survived"}
     wall = sum(s["seconds"] for s in data["sessions"])
-    by_status = {judge: {} for judge in ("oracle", "tests")}  # type: Dict[str, Dict[str, int]]
-    for m in judged.values():
-        for judge in by_status:
-            status = m[judge]["status"]
-            by_status[judge][status] = by_status[judge].get(status, 0) + 1
     suite = (", ".join(f"`{s}`" for s in settings["tests"]) + " only"
              if settings.get("tests") else "all 910 of `tests/core/block`")
+    helpers = " and ".join(f"`{c}`" for c in HELPERS)
     summary = [
         f"- Population: {data['population']} mutants of `vllm/core/evictor.py` and "
         f"`vllm/core/block/prefix_caching_block.py` (after the repairs "
-        f"`{settings.get('repairs')}`); "
-        f"sample of {settings.get('sample')} with seed {settings.get('seed')}; "
-        f"{len(mutants)} judged, {len(listed)} of them listed as equivalent below.",
-        f"- **The oracle alone** (`--seconds {settings.get('budget')}` per mutant): "
-        f"{_rate(len(oracle), n)} of the {n} non-equivalent mutants killed "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(by_status['oracle'].items()))}).",
-        f"- **vLLM's own block tests** ({suite}, `-x`): {_rate(len(tests), n)} killed "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(by_status['tests'].items()))}).",
+        f"`{settings.get('repairs')}`); sample of {settings.get('sample')} with seed "
+        f"{settings.get('seed')}; {len(mutants)} judged, {len(listed)} of them listed as "
+        f"equivalent below: **{len(judged)} non-equivalent**, {len(allocator)} of them in the "
+        f"allocator's own code and {len(judged) - len(allocator)} in {helpers} (vLLM's block "
+        "manager's helpers, which live in the same file but are no part of the allocator API "
+        "the oracle drives).",
+        f"- **The oracle alone** (`--seconds {settings.get('budget'):g}` on the "
+        f"prefix-caching allocator, then {settings.get('budget', 0) / 2:g} on the device pair "
+        "if need be): "
+        f"{_rate(len(oracle), len(judged))} of all non-equivalent mutants killed "
+        f"({_counts(judged, 'oracle')}); in the allocator's own code "
+        f"{_rate(len(oracle & allocator), len(allocator))}.",
+        f"- **vLLM's own block tests** ({suite}, `-x`): {_rate(len(tests), len(judged))} "
+        f"killed ({_counts(judged, 'tests')}); in the allocator's own code "
+        f"{_rate(len(tests & allocator), len(allocator))}.",
         f"- Killed by both: {len(oracle & tests)}; only by the oracle: {len(oracle - tests)}; "
-        f"only by vLLM's tests: {len(tests - oracle)}; by neither: {n - len(oracle | tests)}.",
+        f"only by vLLM's tests: {len(tests - oracle)} ({len((tests - oracle) & allocator)} in "
+        f"the allocator's own code); by neither: {len(judged) - len(oracle | tests)}.",
         f"- Wall time: {wall:.0f} s ({wall / 60:.1f} min) over {len(data['sessions'])} "
-        f"session(s), jobs {', '.join(str(s['jobs']) for s in data['sessions'])}; "
-        f"oracle {sum(m['oracle']['seconds'] for m in mutants.values()):.0f} s and tests "
-        f"{sum(m['tests']['seconds'] for m in mutants.values()):.0f} s of judge time.",
+        f"session(s) ({', '.join(_session(s) for s in data['sessions'])}); judge time: "
+        f"oracle {sum(m['oracle']['seconds'] for m in mutants.values()):.0f} s, tests "
+        f"{sum(m['tests']['seconds'] for m in mutants.values()):.0f} s.",
         "",
         "Reproduce:",
         "",
@@ -518,10 +552,17 @@ def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
         "",
     ]
 
-    def listing(names: Sequence[str], judges: Sequence[str]) -> str:
+    def listing(names: Sequence[str]) -> str:
         if not names:
             return "None.\n"
-        return "\n".join(line for k in sorted(names) for line in _entry(k, judged[k], judges))
+        lines: List[str] = []
+        for title, part in (("In the allocator's own code", [k for k in names if k in allocator]),
+                            (f"In {helpers}", [k for k in names if k not in allocator])):
+            if part:
+                lines += [f"**{title}** ({len(part)}):", ""]
+                lines += [line for k in sorted(part)
+                          for line in _entry(k, judged[k], ("oracle", "tests"))]
+        return "\n".join(lines)
 
     only_oracle = sorted(oracle - tests)
     oracle_rows = ["| mutant | the oracle's finding | vLLM's tests |", "|---|---|---|"]
@@ -536,8 +577,8 @@ def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
     return {
         "summary": "\n".join(summary),
         "only-oracle": ("\n".join(oracle_rows) + "\n") if only_oracle else "None.\n",
-        "only-tests": listing(sorted(tests - oracle), ("oracle", "tests")),
-        "oracle-survivors": listing(sorted(set(judged) - oracle), ("oracle", "tests")),
+        "only-tests": listing(sorted(tests - oracle)),
+        "oracle-survivors": listing(sorted(set(judged) - oracle)),
         "equivalence-checks": "\n".join(checks) + "\n",
     }
 
@@ -608,6 +649,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutants judged at once (2)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the campaign in the results file")
+    parser.add_argument("--rejudge-oracle", choices=("survivors", "all"), default=None,
+                        help="with --resume: the oracle judges again the mutants it did not "
+                             "kill, or all of them, and the tests' verdicts are kept (after a "
+                             "change of the oracle or of its judge; a campaign of an older "
+                             "judge version is accepted)")
     parser.add_argument("--report", action="store_true", help="no run: render the report")
     parser.add_argument("--all", action="store_true",
                         help="judge the mutants listed as equivalent too")
@@ -643,7 +689,10 @@ def campaign(args: argparse.Namespace, command: str, names: Sequence[str],
                         call_timeout=args.call_timeout, repairs=edits_digest(repairs),
                         tests=tuple(tests))
     data = load_results(args.results) if args.resume else load_results(Path("/nonexistent"))
-    if args.resume and data["settings"] not in (None, json.loads(json.dumps(asdict(settings)))):
+    wanted = json.loads(json.dumps(asdict(settings)))
+    if args.rejudge_oracle and data["settings"] is not None:  # another judge is fine
+        wanted["judge_version"] = data["settings"]["judge_version"]
+    if args.resume and data["settings"] not in (None, wanted):
         print(f"error: {args.results} holds a campaign with other settings "
               f"({data['settings']}); run without --resume to start afresh", file=sys.stderr)
         return 2
@@ -655,7 +704,7 @@ def campaign(args: argparse.Namespace, command: str, names: Sequence[str],
         chosen = sample(population, args.sample, args.seed)
     print(f"{len(population)} mutants of {', '.join(FILES)}; {len(chosen)} chosen", flush=True)
     test_timeout = 120.0
-    if data["baseline"] is None:
+    if data["baseline"] is None or args.rejudge_oracle:  # a new oracle: a new baseline
         data["baseline"] = baseline(repaired, settings, test_timeout)
     test_timeout = max(test_timeout, 5 * data["baseline"]["tests"]["seconds"])
     data["settings"] = asdict(settings)
@@ -663,11 +712,12 @@ def campaign(args: argparse.Namespace, command: str, names: Sequence[str],
     equivalents = mutation.load_equivalents(args.output)
     skip = (lambda m: False) if args.all else (
         lambda m: mutation.equivalent_of(m.name, m.diff, equivalents) is not None)
-    session = {"seconds": 0.0, "jobs": args.jobs}
+    session = {"seconds": 0.0, "jobs": args.jobs, "judge_version": JUDGE_VERSION,
+               "rejudge_oracle": args.rejudge_oracle}
     data["sessions"].append(session)
     try:
         run_campaign(chosen, data, repairs, settings, args.jobs, test_timeout, args.results,
-                     skip)
+                     skip, args.rejudge_oracle)
     finally:
         session["seconds"] = round(time.monotonic() - started, 1)
         save_results(args.results, data)

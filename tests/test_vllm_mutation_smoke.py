@@ -26,6 +26,7 @@ def _smoke_module() -> object:
     spec = importlib.util.spec_from_file_location("prefixcache_bench_vllm_mutation", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
