@@ -208,6 +208,11 @@ class Driver:
                 if n not in self.dead and getattr(h, "block_id", None) is not None]
 
     def _new_name(self) -> str:
+        """A name no Block of this run has had: a replayed trace names its
+        Blocks itself (``step.out``), and a step without names (the last
+        step of a trace that crashed its target) must not reuse one."""
+        while f"b{self._counter}" in self.handles:
+            self._counter += 1
         name = f"b{self._counter}"
         self._counter += 1
         return name

@@ -79,6 +79,20 @@ def test_a_fault_exits_1_and_each_finding_replays_to_its_signature(tmp_path: Pat
         assert "agree with the model" in fixed.stdout
 
 
+def test_a_replayed_step_without_names_gets_a_fresh_one() -> None:
+    """A trace's last step may carry no output names (it crashed the target
+    it was found on); replayed against another target, its Block gets a
+    name of its own, not the name of a freed Block of the trace (which
+    left the new Block unowned: an ownership_matches violation)."""
+    trace = Trace(num_blocks=1, block_size=1, steps=[
+        Step("allocate_immutable_block", {"prev_block": None, "token_ids": [0]}, out=["b0"]),
+        Step("free", {"block": "b0"}),
+        Step("allocate_mutable_block", {"prev_block": None}),
+    ])
+    result = replay(trace)
+    assert result.violation is None and result.steps_run == 3
+
+
 def test_replay_of_a_hand_written_trace_is_deterministic() -> None:
     trace = Trace(num_blocks=4, block_size=2, steps=[
         Step("allocate_immutable_block", {"prev_block": None, "token_ids": [1, 2]}),
