@@ -185,8 +185,10 @@ def mark_equivalents(equivalents: List[Equivalent], only_unchecked: bool = False
     return marked
 
 
-def _limit_memory() -> None:
-    """In mutmut's process (and so in every test process it forks): cap the heap."""
+def limit_memory() -> None:
+    """Cap this process's heap (RLIMIT_DATA) at MEMORY_LIMIT; its children inherit
+    the cap (mutmut's process and every test process it forks, the vLLM campaign's
+    judges), so a mutant that grows without end dies of MemoryError."""
     resource.setrlimit(resource.RLIMIT_DATA, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
@@ -200,7 +202,7 @@ def run_mutmut(max_children: int, names: Sequence[str], log: Path) -> int:
     last_print, progress = time.monotonic(), ""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                preexec_fn=_limit_memory)
+                                preexec_fn=limit_memory)
         assert proc.stdout is not None
         while True:
             chunk = proc.stdout.read1(4096)  # type: ignore[attr-defined]

@@ -349,10 +349,11 @@ def _environment(extra: Optional[Mapping[str, str]], alias: bool) -> Dict[str, s
     return environment
 
 
-def _run(cmd: List[str], cwd: Path, env: Dict[str, str],
+def run_process(cmd: List[str], cwd: Path, env: Dict[str, str],
          timeout: float) -> Tuple[Optional[int], str, bool]:
-    """(exit code or None, output, timed out) of ``cmd``; on timeout its whole
-    process group is killed."""
+    """Run ``cmd`` (in ``cwd``, environment ``env``, stdout and stderr
+    together) and return (exit code or None, output, timed out); past
+    ``timeout`` seconds its whole process group is killed."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -404,7 +405,7 @@ def run_block_tests(against: Union[str, Path], *, pytest_args: Sequence[str] = (
                "--rootdir", str(root), "--config-file", str(root / "pytest.ini"),
                f"--junitxml={report}", *paths, *pytest_args]
         start = time.monotonic()
-        returncode, output, timed_out = _run(cmd, root, _environment(env, tree is None),
+        returncode, output, timed_out = run_process(cmd, root, _environment(env, tree is None),
                                              timeout)
         seconds = time.monotonic() - start
         label = str(against)

@@ -285,8 +285,10 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @machine_rule(swarm=False, data=st.data())
     def new_sequence(self, data: Any) -> None:
-        """A request: full prompt blocks (allocate_immutable_block(s)), then
-        a mutable tail block that gets the rest of the prompt."""
+        """A request: full prompt blocks (allocate_immutable_block one by
+        one, or allocate_immutable_blocks for all of them or, continuing the
+        chain, for those after the first few), then a mutable tail block that
+        gets the rest of the prompt."""
         size = self.block_size()
         prompt = data.draw(st.sampled_from(PROMPTS), label="prompt")
         full = data.draw(st.integers(0, 3), label="full blocks")
@@ -300,10 +302,22 @@ class AllocatorMachine(RuleBasedStateMachine):
         kw = self.alloc_args(device)
         try:
             if chunks and data.draw(st.booleans(), label="one call"):
-                step = self.run("allocate_immutable_blocks", prev_block=None,
-                                block_token_ids=chunks, extra_hash=extra, **kw)
-                if self.ok():
+                # the first `cut` blocks one by one, the rest in one call that
+                # continues the chain (prev_block: the last of them)
+                cut = data.draw(st.integers(0, len(chunks) - 1), label="one call from")
+                for chunk in chunks[:cut]:
+                    prev = seq.names[-1] if seq.names else None
+                    step = self.run("allocate_immutable_block", prev_block=prev,
+                                    token_ids=chunk, extra_hash=extra, **kw)
+                    if not self.ok():
+                        break
                     seq.names += step.out
+                if len(seq.names) == cut:
+                    step = self.run("allocate_immutable_blocks",
+                                    prev_block=seq.names[-1] if seq.names else None,
+                                    block_token_ids=chunks[cut:], extra_hash=extra, **kw)
+                    if self.ok():
+                        seq.names += step.out
             else:
                 for chunk in chunks:
                     prev = seq.names[-1] if seq.names else None

@@ -343,20 +343,28 @@ def _wrap(name: str, body: str) -> str:
 # filling the document
 
 
+def fill_sections(text: str, sections: Dict[str, str], document: str = "SPEC.md") -> str:
+    """Return ``text`` with the body of each generated section named in
+    ``sections`` (name -> body) replaced by that body; the rest of ``text``
+    (its prose) is kept as it is.  ValueError naming ``document`` when a
+    section's marker is missing from ``text`` or appears twice.  Also used
+    for other documents that mix prose and rendered sections (bench reports)."""
+    for name in sections:
+        if text.count(BEGIN.format(name=name)) != 1:
+            raise ValueError(f"{document} must hold the marker {BEGIN.format(name=name)} once")
+
+    def fill(m: re.Match[str]) -> str:
+        name = m.group("name")
+        return _wrap(name, sections[name]) if name in sections else m.group(0)
+
+    return _SECTION.sub(fill, text)
+
+
 def render_spec(text: str) -> str:
     """Return ``text`` (SPEC.md: its prose, written there) with the body of
     every generated section replaced by what spec/ renders now.  ValueError
     when a section is missing from ``text`` or appears twice."""
-    g = generated_sections()
-    for name in g:
-        if text.count(BEGIN.format(name=name)) != 1:
-            raise ValueError(f"SPEC.md must hold the marker {BEGIN.format(name=name)} once")
-
-    def fill(m: re.Match[str]) -> str:
-        name = m.group("name")
-        return _wrap(name, g[name]) if name in g else m.group(0)
-
-    return _SECTION.sub(fill, text)
+    return fill_sections(text, generated_sections())
 
 
 # ==========================================================================
