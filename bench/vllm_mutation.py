@@ -70,15 +70,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from prefixcache.bench import (
+    mutation,  # equivalents, the memory limit
+    vllm_block_tests,
+    vllm_repaired,
+)
+from prefixcache.oracle import vllm_source
+from prefixcache.spec.render import fill_sections
+
 BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:  # the sibling scripts, when loaded by file path
-    sys.path.insert(0, str(BENCH))
-
-import mutation  # noqa: E402  (bench/mutation.py: equivalents, memory limit)
-import vllm_block_tests  # noqa: E402
-
-from prefixcache.oracle import vllm_source  # noqa: E402
-from prefixcache.spec.render import fill_sections  # noqa: E402
 
 ROOT = BENCH.parent
 RESULTS = BENCH / "vllm_mutation.json"
@@ -680,8 +680,6 @@ def campaign(args: argparse.Namespace, command: str, names: Sequence[str],
              tests: Sequence[str]) -> int:
     """Run the campaign ``args`` describe (only the mutants ``names`` when
     given, only the tests ``tests`` when given) and write its report."""
-    import vllm_repaired
-
     mutation.limit_memory()  # inherited by every judge
     started = time.monotonic()
     repairs: vllm_source.Edits = vllm_repaired.EDITS

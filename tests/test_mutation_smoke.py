@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mutmut")
-
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "mutation.py"
 
 

@@ -9,7 +9,6 @@ archive (fetched once into the cache, see prefixcache.oracle.vllm_source)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,18 +16,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mutmut")
+from prefixcache.bench import vllm_mutation
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "vllm_mutation.py"
-
-
-def _smoke_module() -> object:
-    spec = importlib.util.spec_from_file_location("prefixcache_bench_vllm_mutation", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(not __debug__, reason="run once, not again under python -O")
@@ -39,10 +29,9 @@ def test_the_smoke_kills_a_known_mutant_and_renders_the_report(tmp_path: Path) -
                          capture_output=True, text=True, timeout=600)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
-    module = _smoke_module()
     data = json.loads(results.read_text(encoding="utf-8"))
-    assert set(data["mutants"]) == set(module.SMOKE_MUTANTS)  # type: ignore[attr-defined]
-    killable = data["mutants"][module.SMOKE_KILLABLE]  # type: ignore[attr-defined]
+    assert set(data["mutants"]) == set(vllm_mutation.SMOKE_MUTANTS)
+    killable = data["mutants"][vllm_mutation.SMOKE_KILLABLE]
     assert killable["oracle"]["status"] != "survived", killable
     assert killable["diff"].count("\n-") >= 1
     text = report.read_text(encoding="utf-8")
