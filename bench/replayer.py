@@ -415,6 +415,18 @@ class Machine:
         else:
             raise ValueError(f"opcode {op} is not one of the rare ones")
 
+    def _timed_prefix(self, seq: int, x: Any, y: int, samples: Dict[str, List[int]],
+                      clock: Callable[[], int]) -> List[int]:
+        """The sequence's hash list grown to its first ``y`` hashes of ``x``,
+        then ``find_cached_blocks_prefix`` on it, timed into ``samples``."""
+        known = self.hashes[seq]
+        if len(known) != y:
+            known.extend(x[len(known):y])
+        t = clock()
+        found = self.allocator.find_cached_blocks_prefix(known)
+        samples["find_cached_blocks_prefix"].append(clock() - t)
+        return list(found)
+
     def run_timed(self, instructions: Sequence[Instruction],
                   clock: Callable[[], int] = perf_counter_ns) -> Dict[str, List[int]]:
         """Execute ``instructions`` timing every allocator call separately
@@ -446,12 +458,7 @@ class Machine:
                     alloc.clear_copy_on_writes()
                     samples["clear_copy_on_writes"].append(clock() - t)
                 elif op == SCHED1:
-                    known = self.hashes[seq]
-                    if len(known) != y:
-                        known.extend(x[len(known):y])
-                    t = clock()
-                    found = alloc.find_cached_blocks_prefix(known)
-                    samples["find_cached_blocks_prefix"].append(clock() - t)
+                    found = self._timed_prefix(seq, x, y, samples, clock)
                     arg = [ids[seq][:len(found)]]
                     t = clock()
                     alloc.get_common_computed_block_ids(arg)
@@ -495,13 +502,7 @@ class Machine:
                     ids[seq].extend([block.block_id for block in new])
                     self.out_ids.extend(ids[seq][-len(new):] if new else [])
                 elif op == FIND_CACHED:
-                    known = self.hashes[seq]
-                    if len(known) != y:
-                        known.extend(x[len(known):y])
-                    t = clock()
-                    found = alloc.find_cached_blocks_prefix(known)
-                    samples["find_cached_blocks_prefix"].append(clock() - t)
-                    self.ncached[seq] = len(found)
+                    self.ncached[seq] = len(self._timed_prefix(seq, x, y, samples, clock))
                 elif op == COMMON:
                     arg = [ids[s][:self.ncached[s]] for s in x]
                     t = clock()

@@ -301,30 +301,23 @@ class AllocatorMachine(RuleBasedStateMachine):
         seq = Seq([], extra, device)
         kw = self.alloc_args(device)
         try:
+            # the first `cut` blocks one by one; the rest, if any, in one call
+            # that continues the chain (prev_block: the last of them)
+            cut = len(chunks)
             if chunks and data.draw(st.booleans(), label="one call"):
-                # the first `cut` blocks one by one, the rest in one call that
-                # continues the chain (prev_block: the last of them)
                 cut = data.draw(st.integers(0, len(chunks) - 1), label="one call from")
-                for chunk in chunks[:cut]:
-                    prev = seq.names[-1] if seq.names else None
-                    step = self.run("allocate_immutable_block", prev_block=prev,
-                                    token_ids=chunk, extra_hash=extra, **kw)
-                    if not self.ok():
-                        break
-                    seq.names += step.out
-                if len(seq.names) == cut:
-                    step = self.run("allocate_immutable_blocks",
-                                    prev_block=seq.names[-1] if seq.names else None,
-                                    block_token_ids=chunks[cut:], extra_hash=extra, **kw)
-                    if self.ok():
-                        seq.names += step.out
-            else:
-                for chunk in chunks:
-                    prev = seq.names[-1] if seq.names else None
-                    step = self.run("allocate_immutable_block", prev_block=prev,
-                                    token_ids=chunk, extra_hash=extra, **kw)
-                    if not self.ok():
-                        break
+            for chunk in chunks[:cut]:
+                prev = seq.names[-1] if seq.names else None
+                step = self.run("allocate_immutable_block", prev_block=prev,
+                                token_ids=chunk, extra_hash=extra, **kw)
+                if not self.ok():
+                    break
+                seq.names += step.out
+            if cut < len(chunks) and len(seq.names) == cut:
+                step = self.run("allocate_immutable_blocks",
+                                prev_block=seq.names[-1] if seq.names else None,
+                                block_token_ids=chunks[cut:], extra_hash=extra, **kw)
+                if self.ok():
                     seq.names += step.out
             if (tail or not chunks) and len(seq.names) == len(chunks):
                 prev = seq.names[-1] if seq.names else None
