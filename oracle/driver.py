@@ -62,10 +62,6 @@ _MEANINGS: Dict[str, str] = {
     [(inv.name, inv.meaning) for inv in INVARIANTS] + [(OWNERSHIP.name, OWNERSHIP.meaning)]}
 
 
-class FOREIGN:
-    """Marker value: the argument is a Block of another allocator."""
-
-
 def no_free_classes(*allocators: Any) -> Tuple[type, ...]:
     """prefixcache's ``NoFreeBlocksError`` and every ``NoFreeBlocksError``
     the allocators' own classes publish: a nested class of a class in their
