@@ -40,7 +40,8 @@ from ..spec.abstraction import AbstractionError, ContentLedger, abstract_state, 
 from ..spec.invariants import check_all
 from .replayer import FREE_SEQ, SWAP_IN, SWAP_OUT, Machine, Plan, ReplayError
 
-#: Opcode names for the report's count of instructions by kind.
+#: The opcodes that detach or release a sequence's Blocks: the ledger reads their
+#: contents first (an evictable or swapped-out id has no Block left to read).
 _WATCHED = (FREE_SEQ, SWAP_OUT, SWAP_IN)
 
 

@@ -57,9 +57,8 @@ API_EXCEPTIONS: Tuple[type, ...] = (err.PrefixCacheError, ValueError, KeyError)
 BLOCK_RESULTS = returning(NEW_BLOCK, NEW_BLOCKS)
 
 #: Each invariant's statement, by name, for the message of an invariant finding.
-_MEANINGS: Dict[str, str] = {
-    name: meaning.replace("``", "") for name, meaning in
-    [(inv.name, inv.meaning) for inv in INVARIANTS] + [(OWNERSHIP.name, OWNERSHIP.meaning)]}
+_MEANINGS: Dict[str, str] = {inv.name: inv.meaning.replace("``", "") for inv in INVARIANTS}
+_MEANINGS[OWNERSHIP.name] = OWNERSHIP.meaning.replace("``", "")
 
 
 def no_free_classes(*allocators: Any) -> Tuple[type, ...]:

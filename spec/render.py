@@ -144,8 +144,7 @@ def _signature(op: ops_table.Operation) -> str:
     """One line: the API's arguments with their kinds, the result and the
     allocators that have the operation."""
     args = ", ".join(f"`{a.name}` ({a.kind}" + (f", {'/'.join(a.allocators)} only"
-                                                  if a.allocators != op.allocators
-                                                  and set(a.allocators) < set(op.allocators)
+                                                  if set(a.allocators) < set(op.allocators)
                                                   else "") + ")" for a in op.args)
     where = "" if op.allocators == error_table.ALL else f"; only {', '.join(op.allocators)}"
     what = "property" if op.attribute else f"method of the {op.owner}"
