@@ -19,6 +19,7 @@ from typing import List, Optional
 from ..spec.semantics import PRESETS, Semantics
 from .driver import Driver
 from .recorder import recorded_target
+from .target_log import captured_logs
 from .targets import DEFAULT_TARGET, KINDS, Target, TargetError, resolve_target
 from .trace import Step, Trace, render_step
 from .violations import Violation
@@ -51,20 +52,21 @@ def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = T
         semantics = Semantics.from_json(trace.semantics) if trace.semantics else Semantics()
     driver = Driver(target, trace.num_blocks, trace.block_size, white_box=white_box,
                     semantics=semantics, call_timeout=call_timeout)
-    for index, original in enumerate(trace.steps):
-        step = Step(op=original.op, args=dict(original.args), out=list(original.out),
-                    expect=original.expect)
-        try:
-            driver.run(step)
-        except Violation as violation:
+    with captured_logs():  # as in a campaign: counted, not printed, INFO included
+        for index, original in enumerate(trace.steps):
+            step = Step(op=original.op, args=dict(original.args), out=list(original.out),
+                        expect=original.expect)
+            try:
+                driver.run(step)
+            except Violation as violation:
+                if echo is not None:
+                    echo.append(f"{index:4d}  {render_step(step)}")
+                    echo.append(f"      ^ {violation}")
+                return ReplayResult(index, violation)
             if echo is not None:
-                echo.append(f"{index:4d}  {render_step(step)}")
-                echo.append(f"      ^ {violation}")
-            return ReplayResult(index, violation)
-        if echo is not None:
-            verdict = f"refused: {driver.refused}" if driver.refused else "ok"
-            echo.append(f"{index:4d}  {render_step(step):70s}  # {verdict}")
-    return ReplayResult(len(trace.steps), None)
+                verdict = f"refused: {driver.refused}" if driver.refused else "ok"
+                echo.append(f"{index:4d}  {render_step(step):70s}  # {verdict}")
+        return ReplayResult(len(trace.steps), None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
