@@ -59,7 +59,8 @@ class V1Model:
                           group_id: int) -> None:
         """Cache ``blocks[num_cached_blocks:num_full_blocks]`` (the null block
         skipped): block ``k`` under (its hash, ``group_id``), after the ids
-        already cached under that key, covering ``(k + 1) * block_size`` tokens.
+        already cached under that key, covering ``(k + 1) * block_size`` tokens;
+        a block cached over fewer tokens loses that key first.
         ``block_hashes`` are the request's, one per ``hash_block_size`` tokens:
         block ``k``'s is the last one inside it."""
         if num_cached_blocks < 0:
@@ -72,11 +73,14 @@ class V1Model:
         if (rest or scale < 1 or num_full_blocks > len(blocks)
                 or num_full_blocks * scale > len(block_hashes)):
             raise ValueError("block size, blocks and hashes do not cover the full blocks")
-        if any(self._bad(i) or self.ref[i] <= 0 or i in self.key_of for _, i in new):
-            raise ValueError("a block to cache is unknown, unreferenced or already cached")
+        if any(self._bad(i) or self.ref[i] <= 0
+               or self.key_of.get(i, (None, 0))[1] >= (k + 1) * block_size for k, i in new):
+            raise ValueError("a block to cache is unknown, unreferenced or already cached "
+                             "over as many tokens")
         if len({i for _, i in new}) != len(new):
             raise ValueError("a block is listed twice")
         for k, i in new:
+            self._uncache(i)  # a key over fewer tokens gives way
             key = (block_hashes[(k + 1) * scale - 1], group_id)
             self.key_of[i] = (key, (k + 1) * block_size)
             self.cached.setdefault(key, []).append(i)
