@@ -41,6 +41,8 @@ from .machine import OutOfTime, Stats, make_machine
 from .minimise import minimise
 from .target_log import LogTally, captured_logs
 from .targets import Target
+from .v1_machine import make_v1_machine
+from .v1_targets import V1_KIND
 from .violations import Violation
 
 #: Examples per batch: small, so that a known finding stops being searched
@@ -157,7 +159,8 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
     outcome = Outcome()
     findings = outcome.findings
     findings.known.update(known)
-    machine = make_machine(target, mistakes=options.mistakes, white_box=options.white_box,
+    make = make_v1_machine if target.kind == V1_KIND else make_machine
+    machine = make(target, mistakes=options.mistakes, white_box=options.white_box,
                            stats=outcome.stats, semantics=options.semantics,
                            call_timeout=options.call_timeout, known=findings.known)
     start = time.monotonic()
