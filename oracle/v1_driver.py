@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import fields
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from ..model.v1_model import V1Model
+from ..model.v1_model import V1Model, V1Refusal
 from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.v1_abstraction import abstract_v1
 from ..spec.v1_invariants import V1_INVARIANTS, check_all_v1
@@ -81,10 +81,12 @@ def has_pool_internals(pool: Any) -> bool:
             and null_block_of(pool) is not None)
 
 
-def first_difference(a: V1State, b: V1State) -> Tuple[str, str]:
-    """(the field, a sentence) naming the first field of :class:`V1State`
-    where ``a`` and ``b`` differ, or ("", "")."""
+def first_difference(a: V1State, b: V1State, ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
+    """(the field, a sentence) naming the first field of :class:`V1State`,
+    not in ``ignore``, where ``a`` and ``b`` differ, or ("", "")."""
     for f in fields(V1State):
+        if f.name in ignore:
+            continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if isinstance(x, dict) or isinstance(y, dict):
             x, y = dict(x), dict(y)
@@ -255,14 +257,14 @@ class V1Driver:
                 raise
             except Exception as exc:
                 t_exc = exc
-            m_exc: Optional[ValueError] = None
+            m_exc: Optional[V1Refusal] = None
             m_res: Any = None
             try:
                 m_res = self._call_model(step.op, args)
-            except ValueError as exc:
+            except V1Refusal as exc:
                 m_exc = exc
             if m_exc is not None:
-                self._judge_refusal(step, args, m_exc, t_exc)
+                self._judge_refusal(step, m_exc, t_exc)
             else:
                 self._judge_success(step, t_res, t_exc, m_res)
                 self._note_events(step, keys_before, m_res)
@@ -272,18 +274,24 @@ class V1Driver:
             raise
         return t_res
 
-    def _judge_refusal(self, step: Step, args: Dict[str, Any], m_exc: ValueError,
+    def _judge_refusal(self, step: Step, m_exc: V1Refusal,
                        t_exc: Optional[BaseException]) -> None:
-        capacity = step.op == "get_new_blocks" and args.get("num_blocks", -1) >= 0
-        row = str(step.args.get("_row", ""))
-        tag = row.partition(":")[2] if row else ""
+        """The model refused: the target must raise (ValueError, or any
+        exception for a mistake under ``any_mistake_exception``) and change
+        nothing.  The row the model names goes into the step (``_row``) and
+        the signature, so that a shrunk program still says which row it is."""
+        row = m_exc.row
+        capacity = row == "get_new_blocks:too-many"
+        if row and not capacity:
+            step.args["_row"] = row
+        tag = row.partition(":")[2] if row else "malformed"
         self.refused = "ValueError"
         if not capacity and not self.mistakes:
             raise OracleError(f"{step.op}: a caller mistake (ValueError: {m_exc}) was made "
                               "although mistakes are off")
         category = "conformance" if capacity else "robustness"
         self._event("refused:no-free-blocks" if capacity else f"caller-mistake:{row or step.op}")
-        suffix = f":{tag}" if tag else ""
+        suffix = "" if capacity else f":{tag}"
         if t_exc is None:
             raise self._fail(category, f"{step.op}: the spec raises ValueError ({m_exc}), "
                              "the target accepted the call", f"no-ValueError{suffix}")
@@ -329,7 +337,9 @@ class V1Driver:
             return
         state = self._abstract()
         if unchanged and self._before is not None:
-            part, diff = first_difference(self._before, state)
+            # contents: what the caller knows of its hashes (the model records a
+            # refused call's hashes too), not the pool's state
+            part, diff = first_difference(self._before, state, ignore=("contents",))
             if diff:
                 raise self._fail("robustness", f"{step.op} was refused but changed the "
                                  f"state: {diff}", f"changed:{part}")

@@ -217,8 +217,8 @@ class V1Machine(RuleBasedStateMachine):
     @precondition(lambda self: self.config.mistakes)
     @machine_rule(swarm=False, data=st.data())
     def caller_mistakes(self, data: st.DataObject) -> None:
-        """One mistake of the v1 error table that can be made now (each step
-        notes its row as ``_row``)."""
+        """One mistake of the v1 error table that can be made now (the driver
+        notes in the step the row the model names)."""
         provokers = {key: make for key, make in self._provokers().items() if make is not None}
         if not provokers:
             return
@@ -230,7 +230,7 @@ class V1Machine(RuleBasedStateMachine):
         if make is None:
             return
         op, args = make(data)
-        self.run(op, _row=key, **args)
+        self.run(op, **args)
 
     def _provokers(self) -> Dict[str, Optional[Callable[[st.DataObject],
                                                          Tuple[str, Dict[str, Any]]]]]:

@@ -212,9 +212,10 @@ def test_the_model_refuses_every_mistake_of_the_error_table(row: V1ErrorCase) ->
     hashes, _ = _hashes([(1, 2), (3, 4)])
     model.cache_full_blocks(hashes, held, 0, 1, 2, 0)
     before = model.state()
-    with pytest.raises(row.expected):
+    with pytest.raises(row.expected) as refused:
         _model_mistake(row.key, model, held, hashes)()
     assert model.state() == before
+    assert getattr(refused.value, "row", None) == row.key  # the model names the row
 
 
 def test_the_model_refuses_other_malformed_calls() -> None:

@@ -101,7 +101,8 @@ def test_a_fault_exits_1_replays_and_a_baseline_knows_it(tmp_path: Path) -> None
 
 def _trace(steps: List[Dict[str, Any]], num_blocks: int = 4, size: int = 2) -> Trace:
     return Trace(num_blocks=num_blocks, block_size=size, kind=V1_KIND, target="vllm==0.34.0",
-                 steps=[Step(op=s.pop("op"), args=s) for s in steps])
+                 steps=[Step(op=s["op"], args={k: v for k, v in s.items() if k != "op"})
+                        for s in steps])
 
 
 CHAIN = [[0, 1]]
@@ -128,10 +129,11 @@ def _silent_mistake(row: str) -> List[Dict[str, Any]]:
 @pytest.mark.parametrize("semantics", sorted(V1_PRESETS))
 def test_every_mistake_the_pool_accepts_silently_is_reported(row: Any, semantics: str) -> None:
     steps = _silent_mistake(row.key)
-    steps[-1]["_row"] = row.key
-    result = replay(_trace(steps), semantics=V1_PRESETS[semantics])
+    trace = _trace(steps)
+    result = replay(trace, semantics=V1_PRESETS[semantics])
     assert result.violation is not None and result.steps_run == len(steps) - 1
     assert result.violation.signature == f"robustness/{row.operation}/no-ValueError:{row.tag}"
+    assert render(result.violation.trace).endswith(f"  # row: {row.key}")
 
 
 def test_every_mistake_row_has_a_provoker() -> None:
@@ -145,8 +147,7 @@ def test_a_refusal_that_changes_the_state_is_reported_under_both_presets() -> No
     """0.34.0 caches the first block, then fails on the second's missing hash."""
     steps = [dict(op="get_new_blocks", num_blocks=2),
              dict(op="cache_full_blocks", tokens=CHAIN, salt=None, blocks=[1, 2],
-                  num_cached_blocks=0, num_full_blocks=2, block_size=2, kv_cache_group_id=0,
-                  _row="cache_full_blocks:too-few-hashes")]
+                  num_cached_blocks=0, num_full_blocks=2, block_size=2, kv_cache_group_id=0)]
     strict = replay(_trace([dict(s) for s in steps]), semantics=V1_PRESETS["prefixcache"])
     assert strict.violation is not None
     assert strict.violation.signature == \
@@ -206,3 +207,18 @@ def test_the_oracle_catches_a_corpus_variant(name: str) -> None:
     variant = next(v for v in VARIANTS if v.name == name)
     verdict = judge(variant.name, variant.fault, variant.as_edits(), seconds=30)
     assert verdict.signature is not None, f"{name} not caught in 30 s"
+
+
+def test_a_refused_call_that_changes_nothing_is_not_reported() -> None:
+    """0.34.0 asserts on a block cached over as many tokens before changing
+    anything: accepted under vllm-0.34.0 (the hashes the refused request
+    carried are the caller's knowledge, not a change of the pool)."""
+    steps = [dict(op="get_new_blocks", num_blocks=1),
+             dict(op="cache_full_blocks", tokens=CHAIN, salt=None, blocks=[1],
+                  num_cached_blocks=0, num_full_blocks=1, block_size=2, kv_cache_group_id=0),
+             dict(op="cache_full_blocks", tokens=[[2, 2]], salt=None, blocks=[1],
+                  num_cached_blocks=0, num_full_blocks=1, block_size=2, kv_cache_group_id=0)]
+    assert replay(_trace(steps), semantics=V1_PRESETS["vllm-0.34.0"]).violation is None
+    strict = replay(_trace(steps), semantics=V1_PRESETS["prefixcache"]).violation
+    assert strict is not None
+    assert strict.signature == "robustness/cache_full_blocks/not-ValueError:already-cached"
