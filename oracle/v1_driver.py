@@ -240,10 +240,8 @@ class V1Driver:
     def run(self, step: Step) -> Any:
         """Execute ``step`` on both sides and judge the target; returns the
         target's result.  Raises Violation."""
+        self.refused, self.step_events, self._op = None, [], step.op
         self.trace.steps.append(step)
-        self.refused = None
-        self.step_events = []
-        self._op = step.op
         self._event(f"op:{step.op}")
         args = {k: v for k, v in step.args.items() if not k.startswith("_")}
         keys_before = dict(self.model.key_of)

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition
 from ..model.v1_model import V1Model
 from ..spec.semantics import Semantics
 from ..spec.v1_error_table import V1_ERROR_TABLE
-from .machine import AllocatorMachine, MachineConfig, Stats, machine_rule
+from .machine import AllocatorMachine, MachineConfig, Stats, machine_rule, make_machine
 from .targets import Target
 from .trace import Step
 from .v1_driver import V1Driver
@@ -54,16 +54,17 @@ class V1Machine(RuleBasedStateMachine):
         self.chains: List[Tuple[List[Tokens], Optional[str], int]] = []
         #: every block cached so far: (its chain, salt, group, blocks' scale, position)
         self.entries: List[Tuple[List[Tokens], Optional[str], int, int, int]] = []
-        self.off: frozenset[str] = frozenset()
-        self.halted = False
-        self.reached: Set[str] = set()
+        #: v0's plumbing's state: the rules a swarm example switched off, whether a
+        #: known finding halted the example, the coverage labels it reached
+        self.off, self.halted, self.reached = frozenset[str](), False, set[str]()
         self.config.stats.examples += 1
 
     @property
     def d(self) -> V1Driver:
-        if self.driver is None:
-            raise RuntimeError("the machine has no driver before setup")
-        return self.driver
+        """The driver (RuntimeError before ``begin``)."""
+        if self.driver is not None:
+            return self.driver
+        raise RuntimeError("the machine has no driver before setup")
 
     @property
     def model(self) -> V1Model:
@@ -300,9 +301,8 @@ V1_MISTAKE_ROWS = tuple(r.key for r in V1_ERROR_TABLE if r.key != "get_new_block
 
 #: The rules a swarm example may switch off: all but new_blocks and caller_mistakes.
 V1_SWARM_RULES = tuple(sorted(
-    name for name, value in vars(V1Machine).items()
-    if callable(value) and hasattr(value, "hypothesis_stateful_rule")
-    and name not in ("new_blocks", "caller_mistakes")))
+    {name for name, value in vars(V1Machine).items() if hasattr(value, "hypothesis_stateful_rule")}
+    - {"new_blocks", "caller_mistakes"}))
 
 
 def make_v1_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,
@@ -310,10 +310,8 @@ def make_v1_machine(target: Target, *, mistakes: bool = True, white_box: bool = 
                     call_timeout: Optional[float] = None,
                     known: Optional[Set[str]] = None) -> Type[V1Machine]:
     """The machine class that judges the v1 pool ``target`` against the v1
-    model (the arguments as :func:`~prefixcache.oracle.machine.make_machine`'s)."""
-    config = MachineConfig(target=target, mistakes=mistakes, white_box=white_box,
-                           semantics=semantics if semantics is not None else Semantics(),
-                           call_timeout=call_timeout,
-                           stats=stats if stats is not None else Stats(),
-                           known=known if known is not None else set())
+    model (the arguments as :func:`~prefixcache.oracle.machine.make_machine`'s,
+    whose configuration it takes)."""
+    config = make_machine(target, mistakes=mistakes, white_box=white_box, stats=stats,
+                          semantics=semantics, call_timeout=call_timeout, known=known).config
     return type("V1Machine_v1", (V1Machine,), {"config": config})
