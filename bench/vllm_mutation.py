@@ -525,8 +525,8 @@ def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
         f"{settings.get('seed')}; {len(mutants)} judged, {len(listed)} of them listed as "
         f"equivalent below: **{len(judged)} non-equivalent**, {len(allocator)} of them in the "
         f"allocator's own code and {len(judged) - len(allocator)} in {helpers} (vLLM's block "
-        "manager's helpers, which live in the same file but are no part of the allocator API "
-        "the oracle drives).",
+        "manager's helpers, which live in the same file and which the oracle drives beside "
+        "the allocator).",
         f"- **The oracle alone** (`--seconds {settings.get('budget'):g}` on the "
         f"prefix-caching allocator, then {settings.get('budget', 0) / 2:g} on the device pair "
         "if need be): "

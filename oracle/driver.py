@@ -35,6 +35,7 @@ from ..impl import errors as err
 from ..model import ChoiceNotAllowed, DeviceModel, Model
 from ..spec.abstraction import (
     AbstractionError,
+    AnswerTypeError,
     ContentLedger,
     abstract_state,
     is_prefix_caching,
@@ -45,8 +46,10 @@ from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.state import AbstractState, BlockState, ContentKey
 from .call_timeout import CallTimeout, time_limit
 from .mistakes import SPECIAL_OPS, OracleError, call_special
+from .target_log import take_unformattable, watch_log_formatting
 from .targets import Target
 from .trace import BLOCK_ARGS, BLOCK_LIST_ARGS, Step, Trace
+from .trackers import TRACKER_OPS, Trackers, call_tracker, make_trackers
 from .violations import Violation
 
 #: The API's own exception vocabulary: raising one of these on a valid call
@@ -59,6 +62,19 @@ BLOCK_RESULTS = returning(NEW_BLOCK, NEW_BLOCKS)
 #: Each invariant's statement, by name, for the message of an invariant finding.
 _MEANINGS: Dict[str, str] = {inv.name: inv.meaning.replace("``", "") for inv in INVARIANTS}
 _MEANINGS[OWNERSHIP.name] = OWNERSHIP.meaning.replace("``", "")
+
+
+#: A Block without a ``computed`` flag.
+_ABSENT = object()
+
+
+def _computed_flag(block: Any) -> Any:
+    """The Block's ``computed`` flag, or :data:`_ABSENT` where it has none
+    (vLLM's NaiveBlock raises NotImplementedError)."""
+    try:
+        return block.computed
+    except (AttributeError, NotImplementedError):
+        return _ABSENT
 
 
 def no_free_classes(*allocators: Any) -> Tuple[type, ...]:
@@ -112,6 +128,7 @@ class Driver:
                            target=target.name, strict=target.strict,
                            semantics=semantics.to_json())
         self._op = "__init__"
+        watch_log_formatting()
         self.allocator = self._guard("construct the target", lambda: target.make(num_blocks,
                                                                                   block_size))
         options: Dict[str, Any] = {"strict": target.strict, "check_invariants": check_model,
@@ -147,6 +164,10 @@ class Driver:
         self._foreign: Optional[Tuple[Any, Any]] = None
         self._no_free = no_free_classes(self.allocator, *self.sub_allocators().values()) \
             if self.white else no_free_classes(self.allocator)
+        #: the target's block-manager helpers and their models (None without)
+        self.trackers: Optional[Trackers] = make_trackers(
+            self.kind, self.allocator, list(self.sub_allocators().values()) if self.white else [],
+            self.model, block_size)
         if self.white:
             self._before = self._target_states()
 
@@ -273,6 +294,8 @@ class Driver:
         obj = self.allocator if side == "target" else self.model
         if op in SPECIAL_OPS:
             return call_special(self, side, op, args)
+        if op in TRACKER_OPS and self.trackers is not None:
+            return call_tracker(self.trackers, side, op, args)
         if op == "append_token_ids":
             block = args.pop("block")
             if side == "target":
@@ -356,12 +379,15 @@ class Driver:
         self._previous_model_states = self._model_states
         self._model_states = None
         self._op = step.op
+        if step.op in TRACKER_OPS and self.trackers is None:
+            raise OracleError(f"{step.op}: the target publishes no block-manager helpers")
         self._event(f"op:{step.op}")
         t_args = self._args(step, "target")
         m_args = self._args(step, "model")
         tampered = self._tamper(step.args.get("tamper") or {})
         t_exc: Optional[BaseException] = None
         t_res: Any = None
+        take_unformattable()
         try:
             t_res = self._timed(lambda: self._call("target", step.op, dict(t_args)))
         except Violation as violation:  # a hang
@@ -385,6 +411,10 @@ class Driver:
         except (err.PrefixCacheError, NotImplementedError) as exc:
             m_exc = exc
         try:
+            for logger, message, error in take_unformattable():
+                raise self._fail("conformance", f"{step.op}: the target logged a message its "
+                                 f"arguments do not fit ({logger}: {message!r}: {error})",
+                                 "log-format")
             self._untamper(step, tampered, refused=m_exc is not None)
             if m_exc is not None:
                 self._judge_refusal(step, m_exc, t_exc, t_res)
@@ -500,8 +530,8 @@ class Driver:
         if isinstance(m_res, float) or isinstance(t_res, float):
             same = isinstance(t_res, (int, float)) and math.isclose(
                 t_res, m_res, rel_tol=1e-9, abs_tol=1e-12)
-        elif step.op == "get_common_computed_block_ids":
-            same = list(t_res) == list(m_res)
+        elif step.op == "get_common_computed_block_ids":  # a List[int] (a str is not one)
+            same = isinstance(t_res, (list, tuple)) and list(t_res) == list(m_res)
         elif step.op == "clear_copy_on_writes" or step.op == "get_and_reset_swaps":
             same = [tuple(p) for p in t_res] == [tuple(p) for p in m_res]
         else:
@@ -565,6 +595,13 @@ class Driver:
                 category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name} has id {t_id} "
                                  f"in the target, {m_id} in the spec", "block-id")
+        for name in self.live_names():  # the flag a cache hit sets on the Block object
+            computed = _computed_flag(self.blocks[name])
+            if computed is not _ABSENT and computed is not self.handles[name].computed:
+                category = "robustness" if unchanged else "conformance"
+                raise self._fail(category, f"{step.op}: {what}, block {name}.computed is "
+                                 f"{computed!r} in the target, {self.handles[name].computed} "
+                                 f"in the spec", "block-computed")
         for label, (t_free, m_free) in self._free_counts().items():
             if t_free != m_free:
                 category = "robustness" if unchanged else "conformance"
@@ -599,6 +636,8 @@ class Driver:
             mine = [b for b in live if getattr(b, "block_id", None) in ids]
             try:
                 states[label] = abstract_state(alloc, ledger=self.ledger, live_blocks=mine)
+            except AnswerTypeError as exc:
+                raise self._fail("conformance", str(exc), "answer-type") from exc
             except AbstractionError as exc:
                 raise self._fail("integrity", f"the target caches a hash that no block "
                                  f"spells: {exc}", "unnamed-hash") from exc

@@ -48,6 +48,7 @@ from .held import Seq
 from .mistakes import possible_rows, provoke, rows_for
 from .targets import Target
 from .trace import Step
+from .trackers import COMPUTED, LAST_ACCESS
 from .violations import Violation, as_finding
 
 #: Shared prompt prefixes, so that different sequences share blocks.
@@ -161,6 +162,9 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.off: frozenset[str] = frozenset()
         self.halted = False
         self.reached: Set[str] = set()
+        self.asked: Set[int] = set()  # sequence ids the ComputedBlocksTracker knows
+        self.access_tracked: Set[int] = set()  # and the LastAccessBlocksTracker
+        self.decoding: Set[int] = set()  # sequence ids appended to (out of prefill)
         self.config.stats.examples += 1
 
     # -- plumbing ----------------------------------------------------------
@@ -377,6 +381,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         room = last.num_empty_slots
         tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
         self.run("append_token_ids", block=seq.names[-1], token_ids=tokens)
+        self.decoding.add(seq.serial)
 
     @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
     @machine_rule(data=st.data())
@@ -445,6 +450,72 @@ class AllocatorMachine(RuleBasedStateMachine):
         ids = data.draw(st.lists(st.sampled_from(waiting), min_size=1, max_size=3,
                                  unique=True), label="evictable ids")
         self.run("mark_blocks_as_accessed", block_ids=ids, now=data.draw(TIMES, label="now"))
+
+    @machine_rule(data=st.data())
+    def reuse_cached(self, data: st.DataObject) -> None:
+        """A cached prompt asked for again: a waiting first block hit and
+        released many times (``churn``), or a running sequence's prompt in
+        one call (``same_prompt_again``)."""
+        if data.draw(st.booleans(), label="churn"):
+            self.churn(data)
+        else:
+            self.same_prompt_again(data)
+
+    def churn(self, data: st.DataObject) -> None:
+        """A cached first block that waits in the evictor is hit and
+        released again, a few times or up to two hundred: every release
+        re-enters the evictor, so a lazy evictor's stale entries pile up
+        until it rebuilds itself (vLLM's heap does past 50 per entry); then,
+        sometimes, new blocks until one is evicted."""
+        label = "GPU" if self.d.kind == "cpu_gpu" else ""
+        firsts = [e.content for e in self.d.model_states()[label].evictor
+                  if e.content is not None and len(e.content) == 1]
+        if not firsts:
+            return
+        (extra, tokens), = data.draw(st.sampled_from(firsts), label="cached first block")
+        times = data.draw(st.one_of(st.integers(1, 3), st.integers(51, 200)), label="times")
+        for _ in range(times):
+            step = self.run("allocate_immutable_block", prev_block=None, token_ids=list(tokens),
+                            extra_hash=extra, **self.alloc_args("GPU"))
+            if not self.ok():
+                return
+            self.run("free", block=step.out[0])
+        if data.draw(st.booleans(), label="then evict"):
+            self.fill("GPU", 1)
+
+    def fill(self, device: str, evictions: int) -> None:
+        """New one-block sequences on ``device`` until every id that is
+        free without an eviction is taken, and ``evictions`` more."""
+        state = self.d.model_states()[device if self.d.kind == "cpu_gpu" else ""]
+        for _ in range(state.reported_free - len(state.evictor) + evictions):
+            step = self.run("allocate_mutable_block", prev_block=None, extra_hash=None,
+                            **self.alloc_args(device))
+            if not self.ok():
+                return
+            self._hold(Seq(step.out, None, device))
+
+    def same_prompt_again(self, data: st.DataObject) -> None:
+        """A second request with a running one's prompt: its full blocks in
+        one allocate_immutable_blocks call, every block a hit, so that the
+        call needs no free id, even on a pool filled first (sometimes: every
+        free id, evictable ones included, taken by new blocks)."""
+        cached = [s for s in self.seqs if self.handle(s.names[0]).content_key is not None]
+        if not cached:
+            return
+        seq = self.pick(data, cached)
+        prompt: List[List[int]] = []
+        for name in seq.names:
+            handle = self.handle(name)
+            if handle.content_key is None:
+                break
+            prompt.append(list(handle.token_ids))
+        if data.draw(st.booleans(), label="full pool"):
+            state = self.d.model_states()[seq.device if self.d.kind == "cpu_gpu" else ""]
+            self.fill(seq.device, len(state.evictor))
+        step = self.run("allocate_immutable_blocks", prev_block=None, block_token_ids=prompt,
+                        extra_hash=seq.extra_hash, **self.alloc_args(seq.device))
+        if self.ok():
+            self._hold(Seq(step.out, seq.extra_hash, seq.device))
 
     @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
     @machine_rule(data=st.data())
@@ -543,6 +614,66 @@ class AllocatorMachine(RuleBasedStateMachine):
         for position, chain in enumerate(reversed(self.history[-6:])):
             names = [n for n in chain if n in self.d.keys]
             self.ask_cached_prefix(names, position if per_position else None)
+
+    @precondition(lambda self: self.d.trackers is not None and (self.seqs or self.swapped))
+    @machine_rule(data=st.data())
+    def block_manager(self, data: st.DataObject) -> None:
+        """vLLM's block manager's helpers around the allocator: cached-token
+        counts (``cached_tokens``) or deferred access marks
+        (``deferred_access``)."""
+        if data.draw(st.booleans(), label="cached tokens"):
+            self.cached_tokens(data)
+        else:
+            self.deferred_access(data)
+
+    def cached_tokens(self, data: st.DataObject) -> None:
+        """As vLLM's scheduler does every step: ask the ComputedBlocksTracker
+        how many tokens of each recent sequence (running, or swapped out and
+        waiting) are cached; the answer sticks while the sequence is in
+        prefill (until it first decodes, or as drawn).  Sometimes a second
+        step follows the batch's run (``mark_blocks_as_computed``), where a
+        count in prefill must not move.  A sequence asked about before may
+        first be forgotten (its request was recomputed) and is then asked
+        about from scratch."""
+        drawn = data.draw(st.booleans(), label="prefill as drawn")
+        for step_no in range(data.draw(st.integers(1, 2), label="scheduler steps")):
+            if step_no:
+                self.run("mark_blocks_as_computed", block_ids=[])  # the batch ran
+            for seq in (self.seqs + self.swapped)[-6:]:
+                if seq.serial in self.asked and data.draw(st.integers(0, 7), label="forget") == 0:
+                    self.run(f"{COMPUTED}.remove_seq", seq_id=seq.serial)
+                    self.asked.discard(seq.serial)
+                prefill = data.draw(st.booleans(), label="in prefill") if drawn \
+                    else seq.serial not in self.decoding
+                tokens = [t for name in seq.names for t in self.handle(name).token_ids]
+                self.run(f"{COMPUTED}.get_num_cached_tokens", seq_id=seq.serial,
+                         token_ids=tokens, extra_hash=seq.extra_hash, is_prefill=prefill)
+                self.asked.add(seq.serial)
+
+    def deferred_access(self, data: st.DataObject) -> None:
+        """vLLM's deferred access marks (LastAccessBlocksTracker): a running
+        sequence is tracked, its run times are recorded, its blocks are
+        marked at the last of them when asked (as vLLM does when it frees
+        the sequence), and it may stop being tracked."""
+        markable = self.markable(self.seqs)
+        if not markable:
+            return
+        seq = self.pick(data, markable)
+        if seq.serial not in self.access_tracked:
+            self.run(f"{LAST_ACCESS}.add_seq", seq_id=seq.serial)
+            self.access_tracked.add(seq.serial)
+        for action in data.draw(st.lists(st.sampled_from(["time", "mark", "remove"]),
+                                         min_size=1, max_size=3), label="actions"):
+            if action == "time":
+                self.run(f"{LAST_ACCESS}.update_last_access", seq_id=seq.serial,
+                         time=data.draw(TIMES, label="time"))
+            elif action == "mark":
+                self.run(f"{LAST_ACCESS}.update_seq_blocks_last_access", seq_id=seq.serial,
+                         block_ids=self.ids(seq))
+            else:
+                self.run(f"{LAST_ACCESS}.remove_seq", seq_id=seq.serial)
+                self.access_tracked.discard(seq.serial)
+                return
 
     def pick_history(self, data: st.DataObject) -> List[str]:
         return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
@@ -687,7 +818,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.config.mistakes and self.d.trace.num_blocks < LONG_POOL)
     @machine_rule(swarm=False, data=st.data())
     def caller_mistakes(self, data: st.DataObject) -> None:
-        """Caller mistakes, one to six different ones in a row (the
+        """Caller mistakes, one to twelve different ones in a row (the
         catalogue has dozens of rows, every other rule is one operation):
         each a row of the error table that applies to the target's kind and
         can be made now (oracle/mistakes.py).  The rows are drawn from an
@@ -702,7 +833,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.mistake_rank = {key: i for i, key in enumerate(order)}
         rank = self.mistake_rank
         done: List[str] = []
-        for _ in range(data.draw(st.integers(1, 6), label="how many")):
+        for _ in range(data.draw(st.integers(1, 12), label="how many")):
             rows = sorted((r for r in possible_rows(self, table_rows) if r.key not in done),
                           key=lambda r: rank[r.key])
             if not rows:

@@ -20,6 +20,7 @@ from ..spec.semantics import PRESETS, Semantics
 from ..spec.v1_semantics import V1_PRESETS
 from .driver import Driver
 from .recorder import recorded_target
+from .target_log import captured_logs
 from .targets import DEFAULT_TARGET, KINDS, Target, TargetError, resolve_target
 from .trace import Step, Trace, render_step
 from .v1_driver import V1Driver
@@ -59,20 +60,21 @@ def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = T
     driver = make(target, trace.num_blocks, trace.block_size, white_box=white_box,
                     semantics=semantics, call_timeout=call_timeout)
     show = (lambda s: render_v1_step(s.op, s.args)) if trace.kind == V1_KIND else render_step
-    for index, original in enumerate(trace.steps):
-        step = Step(op=original.op, args=dict(original.args), out=list(original.out),
-                    expect=original.expect)
-        try:
-            driver.run(step)
-        except Violation as violation:
+    with captured_logs():  # as in a campaign: counted, not printed, INFO included
+        for index, original in enumerate(trace.steps):
+            step = Step(op=original.op, args=dict(original.args), out=list(original.out),
+                        expect=original.expect)
+            try:
+                driver.run(step)
+            except Violation as violation:
+                if echo is not None:
+                    echo.append(f"{index:4d}  {show(step)}")
+                    echo.append(f"      ^ {violation}")
+                return ReplayResult(index, violation)
             if echo is not None:
-                echo.append(f"{index:4d}  {show(step)}")
-                echo.append(f"      ^ {violation}")
-            return ReplayResult(index, violation)
-        if echo is not None:
-            verdict = f"refused: {driver.refused}" if driver.refused else "ok"
-            echo.append(f"{index:4d}  {show(step):70s}  # {verdict}")
-    return ReplayResult(len(trace.steps), None)
+                verdict = f"refused: {driver.refused}" if driver.refused else "ok"
+                echo.append(f"{index:4d}  {show(step):70s}  # {verdict}")
+        return ReplayResult(len(trace.steps), None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ shrinking is reported on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from hypothesis.statistics import collector
 
 from ..spec.semantics import Semantics
 from .findings import Finding, Findings
+from .kept_database import KeptFindings
 from .machine import OutOfTime, Stats, make_machine
 from .minimise import minimise
 from .target_log import LogTally, captured_logs
@@ -159,6 +161,9 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
     outcome = Outcome()
     findings = outcome.findings
     findings.known.update(known)
+    kept = None if options.database is None else KeptFindings(options.database)
+    if kept is not None:
+        options = dataclasses.replace(options, database=kept)
     make = make_v1_machine if target.kind == V1_KIND else make_machine
     machine = make(target, mistakes=options.mistakes, white_box=options.white_box,
                            stats=outcome.stats, semantics=options.semantics,
@@ -200,6 +205,8 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
                 if not found:
                     raise
             finally:
+                if kept is not None:
+                    kept.keep()
                 outcome.shrink_seconds += sum(
                     p.get("shrink-phase", {}).get("duration-seconds", 0.0) for p in phases)
                 if progress is not None:

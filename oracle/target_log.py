@@ -2,6 +2,13 @@
 printed (vLLM 0.8.5 logs "Failed to reset prefix cache ..." each time a
 reset is refused, which a campaign does thousands of times).
 
+A record whose arguments do not fit its message is the target's fault (the
+logging module prints "--- Logging error ---" and a traceback in the middle
+of the engine's output, or, with no arguments at all, the bare placeholder):
+:func:`watch_log_formatting` formats every record as it is made, and
+:func:`take_unformattable` hands the driver those that could not be, after
+each call.
+
 :func:`captured_logs` routes every log record of level INFO and above, and
 every Python warning, to a counting handler for the length of the block,
 then puts the logging configuration back as it was.
@@ -11,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 #: (logger name, level name, message template): the template, not the
 #: formatted line, so that lines that differ only in numbers count together.
@@ -76,3 +84,43 @@ def captured_logs() -> Iterator[LogTally]:
         logging.captureWarnings(False)
         root.handlers, level = saved
         root.setLevel(level)
+
+
+#: A printf-style placeholder (``%d``, ``%s``, ``%.2f``, ...).
+_PLACEHOLDER = re.compile(r"%[-+ #0]*\d*(?:\.\d+)?[diouxXeEfFgGcrsa]")
+
+#: Records that could not be formatted since the last take: (logger, message, error).
+_UNFORMATTABLE: List[Tuple[str, str, str]] = []
+
+
+def _checking(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    def make_checked(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        if record.msg is None:
+            _UNFORMATTABLE.append((record.name, "None", "no message"))
+        elif not record.args:  # logging prints the message as it is, placeholders and all
+            if isinstance(record.msg, str) and _PLACEHOLDER.search(record.msg.replace("%%", "")):
+                _UNFORMATTABLE.append((record.name, record.msg, "a placeholder, no argument"))
+            return record
+        try:
+            record.getMessage()
+        except Exception as exc:  # the message and its arguments do not fit
+            _UNFORMATTABLE.append((record.name, str(record.msg), f"{type(exc).__name__}: {exc}"))
+        return record
+
+    make_checked.checks_formatting = True  # type: ignore[attr-defined]
+    return make_checked
+
+
+def watch_log_formatting() -> None:
+    """Format every log record as it is made (once per process; idempotent)."""
+    factory = logging.getLogRecordFactory()
+    if not getattr(factory, "checks_formatting", False):
+        logging.setLogRecordFactory(_checking(factory))
+
+
+def take_unformattable() -> List[Tuple[str, str, str]]:
+    """The records that could not be formatted since the last call (then none)."""
+    taken = _UNFORMATTABLE[:]
+    _UNFORMATTABLE.clear()
+    return taken

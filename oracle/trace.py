@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from ..spec.operations import BLOCK, BLOCKS, PREV_BLOCK, argument_names
+from .trackers import CLASSES, COMPUTED, LAST_ACCESS
 from .v1_trace import render_v1_step, v1_header
 
 FORMAT = "prefixcache-trace/1"
@@ -118,7 +119,8 @@ def render_step(step: Step) -> str:
             parts.append(f"{name}=[{', '.join(_arg(v) for v in value)}]")
         else:
             parts.append(f"{name}={value!r}")
-    call = f"a.{step.op}({', '.join(parts)})"
+    owner = "" if "." in step.op else "a."  # a block-manager helper's step names it
+    call = f"{owner}{step.op}({', '.join(parts)})"
     if step.expect and "raises" in step.expect:
         return f"{lhs}{call}  # raises {step.expect['raises']}"
     return lhs + call
@@ -132,5 +134,11 @@ def render(trace: Trace) -> str:
         lines += [render_v1_step(step.op, step.args) for step in trace.steps]
         return "\n".join(lines)
     lines = [f"a = make_allocator(num_blocks={trace.num_blocks}, block_size={trace.block_size})"]
+    helpers = {step.op.partition(".")[0] for step in trace.steps if "." in step.op}
+    if COMPUTED in helpers:
+        lines.append(f"{COMPUTED} = {CLASSES[COMPUTED]}(a, {trace.block_size}, "
+                     f"enable_caching=True)")
+    if LAST_ACCESS in helpers:
+        lines.append(f"{LAST_ACCESS} = {CLASSES[LAST_ACCESS]}(a)")
     lines += [render_step(step) for step in trace.steps]
     return "\n".join(lines)

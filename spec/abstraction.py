@@ -45,6 +45,18 @@ class AbstractionError(LookupError):
     passed to the abstraction and no Block shown to the ledger spelled it."""
 
 
+class AnswerTypeError(AbstractionError):
+    """An answer the abstraction reads is not of the type the API gives
+    (``block_is_computed`` answering None for False)."""
+
+
+def _time(value: Any, holder: str) -> float:
+    """A last-access time read off ``holder``: a number (AnswerTypeError else)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AnswerTypeError(f"{holder} holds last_accessed {value!r}, not a number")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Collision:
     """One hash seen with two different content keys."""
@@ -436,7 +448,7 @@ def abstract_state(
     free_table: Mapping[BlockId, Any] = getattr(allocator.evictor, "free_table", {})
     entries = [
         EvictorEntry(
-            last_accessed=float(meta.last_accessed),
+            last_accessed=_time(meta.last_accessed, f"the evictor's entry of id {i}"),
             num_hashed_tokens=int(meta.num_hashed_tokens),
             block_id=i,
             content=name(meta.content_hash, i),
@@ -457,7 +469,10 @@ def abstract_state(
         the evictor where the allocator has no such method)."""
         ask = getattr(allocator, "block_is_computed", None)
         if ask is not None:
-            return bool(ask(i))
+            answer = ask(i)
+            if type(answer) is not bool:
+                raise AnswerTypeError(f"block_is_computed({i}) answered {answer!r}, not a bool")
+            return answer
         tracker = tracker_of(i)
         return bool(tracker.computed) if tracker is not None else (
             i in free_table and i not in promoted)
@@ -475,9 +490,10 @@ def abstract_state(
             content = None
         tracker = tracker_of(i)
         if tracker is not None:
-            last = float(tracker.last_accessed)
+            last = _time(tracker.last_accessed, f"the tracker of id {i}")
         else:
-            last = float(free_table[i].last_accessed) if i in free_table else NEVER_ACCESSED
+            last = _time(free_table[i].last_accessed, f"the evictor's entry of id {i}") \
+                if i in free_table else NEVER_ACCESSED
         blocks[i] = BlockState(refcount=rc, content=content, computed=computed(i),
                                last_accessed=last)
     # touched: promoted and not computed yet (an allocator may keep an id in
@@ -534,6 +550,7 @@ def abstract_device_states(
 __all__ = [
     "AbstractionError",
     "Alias",
+    "AnswerTypeError",
     "Collision",
     "ContentLedger",
     "SharedIdConflict",

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from prefixcache.impl.errors import NoFreeBlocksError
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 from prefixcache.oracle.machine import make_machine
 from prefixcache.oracle.profiles import profile_settings
@@ -44,3 +45,31 @@ def test_valid_calls_alone_continue_chains_with_allocate_immutable_blocks() -> N
     with pytest.raises(Violation) as caught:
         run_state_machine_as_test(machine, settings=quick)
     assert "allocate_immutable_blocks" in str(caught.value), caught.value
+
+
+class AllHitsNeedFreeIds(PrefixCachingBlockAllocator):
+    """A capacity check that counts every block of a batch as a miss: a
+    second request for a running prompt is refused on a full pool, though
+    every block is a hit and needs no id (vLLM 0.8.5's repaired capacity
+    check, its chain hashes mutated, did this)."""
+
+    FAULT = "allocate_immutable_blocks() wants a free id per block, hits included"
+
+    def allocate_immutable_blocks(self, prev_block: Any, block_token_ids: List[List[int]],
+                                  extra_hash: Optional[int] = None,
+                                  device: Any = None) -> List[Any]:
+        if len(block_token_ids) > self.get_num_free_blocks():  # FAULT
+            raise NoFreeBlocksError("no room")
+        return super().allocate_immutable_blocks(prev_block, block_token_ids,
+                                                 extra_hash=extra_hash, device=device)
+
+
+def test_valid_calls_alone_ask_for_a_running_prompt_on_a_full_pool() -> None:
+    """The oracle requests a running sequence's prompt again in one call,
+    sometimes on a pool it filled first: all hits, so no id is needed."""
+    machine = make_machine(resolve_target(AllHitsNeedFreeIds), mistakes=False)
+    quick = settings(profile_settings("ci"), phases=[Phase.explicit, Phase.generate],
+                     report_multiple_bugs=False)
+    with pytest.raises(Violation) as caught:
+        run_state_machine_as_test(machine, settings=quick)
+    assert caught.value.operation == "allocate_immutable_blocks", caught.value
