@@ -22,6 +22,16 @@ from .errors import ModelInvariantError
 _R = TypeVar("_R")
 
 
+class V1Refusal(ValueError):
+    """The model refuses a call: ``row`` names the row of the v1 error table
+    the call breaks (``operation:tag``), or is "" for a malformed call outside
+    the table (an unknown id, a block size that is no multiple, ...)."""
+
+    def __init__(self, row: str, message: str) -> None:
+        super().__init__(message)
+        self.row = row
+
+
 class V1Model:
     """What a correct v1 ``BlockPool`` of ``num_blocks`` ids answers; block
     hashes are computed every ``hash_block_size`` tokens.  Id 0 is the null
@@ -47,7 +57,8 @@ class V1Model:
         key (if cached: its entry goes, the next id under the key is promoted)
         and gets one reference.  Returns them in queue order."""
         if not 0 <= num_blocks <= len(self.queue):
-            raise ValueError(f"cannot get {num_blocks} of {len(self.queue)} free blocks")
+            raise V1Refusal("get_new_blocks:" + ("negative" if num_blocks < 0 else "too-many"),
+                            f"cannot get {num_blocks} of {len(self.queue)} free blocks")
         taken, self.queue = self.queue[:num_blocks], self.queue[num_blocks:]
         for i in taken:
             self._uncache(i)
@@ -59,24 +70,30 @@ class V1Model:
                           group_id: int) -> None:
         """Cache ``blocks[num_cached_blocks:num_full_blocks]`` (the null block
         skipped): block ``k`` under (its hash, ``group_id``), after the ids
-        already cached under that key, covering ``(k + 1) * block_size`` tokens.
+        already cached under that key, covering ``(k + 1) * block_size`` tokens;
+        a block cached over fewer tokens loses that key first.
         ``block_hashes`` are the request's, one per ``hash_block_size`` tokens:
         block ``k``'s is the last one inside it."""
         if num_cached_blocks < 0:
-            raise ValueError("a negative number of cached blocks")
+            raise V1Refusal("", "a negative number of cached blocks")
         if num_cached_blocks >= num_full_blocks:
             return self._done(None)
         scale, rest = divmod(block_size, self.hash_block_size)
         new = [(k, i) for k, i in enumerate(blocks[:num_full_blocks]) if k >= num_cached_blocks
                and i != NULL_BLOCK]
-        if (rest or scale < 1 or num_full_blocks > len(blocks)
-                or num_full_blocks * scale > len(block_hashes)):
-            raise ValueError("block size, blocks and hashes do not cover the full blocks")
-        if any(self._bad(i) or self.ref[i] <= 0 or i in self.key_of for _, i in new):
-            raise ValueError("a block to cache is unknown, unreferenced or already cached")
+        if rest or scale < 1 or num_full_blocks > len(blocks) or any(self._bad(i) for _, i in new):
+            raise V1Refusal("", "unknown blocks, or a block size that is no multiple")
+        if num_full_blocks * scale > len(block_hashes):
+            raise V1Refusal("cache_full_blocks:too-few-hashes", "too few hashes")
+        if any(self.ref[i] <= 0 for _, i in new):
+            raise V1Refusal("cache_full_blocks:unreferenced", "a block holds no reference")
+        if any(self.key_of.get(i, (None, 0))[1] >= (k + 1) * block_size for k, i in new):
+            raise V1Refusal("cache_full_blocks:already-cached",
+                            "a block is cached over as many tokens already")
         if len({i for _, i in new}) != len(new):
-            raise ValueError("a block is listed twice")
+            raise V1Refusal("", "a block is listed twice")
         for k, i in new:
+            self._uncache(i)  # a key over fewer tokens gives way
             key = (block_hashes[(k + 1) * scale - 1], group_id)
             self.key_of[i] = (key, (k + 1) * block_size)
             self.cached.setdefault(key, []).append(i)
@@ -87,16 +104,18 @@ class V1Model:
         """The first id cached under (``block_hash``, g) for each group g, or None
         when one of them is not cached.  Nothing changes."""
         if not group_ids:
-            raise ValueError("a lookup names at least one group")
+            raise V1Refusal("get_cached_block:no-groups", "a lookup names at least one group")
         found = [self.cached.get((block_hash, g), [None])[0] for g in group_ids]
         return None if None in found else [i for i in found if i is not None]
 
     def touch(self, blocks: Sequence[BlockId]) -> None:
         """One more reference to each id (the null block skipped); a free id
         leaves the free queue.  Only cached or referenced ids may be touched."""
-        if any(self._bad(i) or (self.ref[i] == 0 and i not in self.key_of)
-               for i in blocks if i != NULL_BLOCK):
-            raise ValueError("touched a block that is unknown, or free and not cached")
+        touched = [i for i in blocks if i != NULL_BLOCK]
+        if any(self._bad(i) for i in touched):
+            raise V1Refusal("", "touched an unknown block")
+        if any(self.ref[i] == 0 and i not in self.key_of for i in touched):
+            raise V1Refusal("touch:not-cached-free", "touched a free block that is not cached")
         for i in blocks:
             if i != NULL_BLOCK:
                 if self.ref[i] == 0:
@@ -110,8 +129,12 @@ class V1Model:
         without a key (or all, with ``evict_first``) at its front, the cached
         ones at its back."""
         ordered = [i for i in ordered_blocks if i != NULL_BLOCK]
-        if any(self._bad(i) or self.ref[i] < n for i, n in Counter(ordered).items()):
-            raise ValueError("freed a block more times than it is referenced")
+        if any(self._bad(i) for i in ordered):
+            raise V1Refusal("", "freed an unknown block")
+        if any(self.ref[i] < n for i, n in Counter(ordered).items()):
+            raise V1Refusal("free_blocks:" + ("unreferenced" if any(self.ref[i] == 0 for i in
+                                              ordered) else "repeated"),
+                            "freed a block more times than it is referenced")
         front: List[BlockId] = []
         back: List[BlockId] = []
         for i in ordered:
@@ -126,7 +149,9 @@ class V1Model:
         and the free queue do not change (the null block holds none)."""
         ids = set(block_ids)
         if any(self._bad(i) and i != NULL_BLOCK for i in ids):
-            raise ValueError("evicted an unknown block id")
+            raise V1Refusal("evict_blocks:" + ("negative-id" if any(
+                isinstance(i, int) and i < 0 for i in ids) else "unknown-id"),
+                "evicted an unknown block id")
         for i in ids:
             self._uncache(i)
         return self._done(None)

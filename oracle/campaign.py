@@ -27,7 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from ..spec.semantics import DEFAULT, PRESETS
+from ..spec.semantics import DEFAULT, PRESETS, Semantics
+from ..spec.v1_semantics import V1_PRESETS
 from .findings import explain, read_baseline, write_traces
 from .profiles import PROFILES, default_profile, profile_settings
 from .search import Budget, Outcome, SearchOptions, search
@@ -40,6 +41,10 @@ from .targets import (
     load_object,
     resolve_target,
 )
+from .v1_targets import V1_DEFAULT_TARGET, check_v1_pool, resolve_v1_target
+
+#: The APIs a campaign can judge: v0's block allocators, v1's BlockPool.
+APIS = ("v0", "v1")
 
 
 class UsageError(ValueError):
@@ -48,18 +53,24 @@ class UsageError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prefixcache fuzz``."""
-    parser.add_argument("--target", default=DEFAULT_TARGET, metavar="MODULE:CLASS",
+    parser.add_argument("--api", choices=APIS, default="v0",
+                        help="v0: vLLM 0.8.5's block allocators (the default); v1: vLLM v1's "
+                        "BlockPool (pinned 0.34.0)")
+    parser.add_argument("--target", default=None, metavar="MODULE:CLASS",
                         help="the allocator to judge: MODULE:CLASS, or vllm==0.8.5 for vLLM's "
-                        "own (default: prefixcache.impl)")
+                        "own (default: prefixcache.impl; with --api v1: vllm==0.34.0, vLLM's "
+                        "own BlockPool)")
     parser.add_argument("--kind", choices=KINDS, default=None,
                         help="prefix, naive or cpu_gpu (default: guessed from the class)")
     parser.add_argument("--hash-algo", default=None, metavar="builtin|sha256|MODULE:FUNCTION",
                         help="the target's hash_algo constructor argument (default: its own)")
     parser.add_argument("--relaxed", action="store_true",
                         help="accept any free id the spec allows (default: vLLM's id order)")
-    parser.add_argument("--semantics", choices=sorted(PRESETS), default=DEFAULT,
+    parser.add_argument("--semantics", choices=sorted(set(PRESETS) | set(V1_PRESETS)),
+                        default=DEFAULT,
                         help="whose rule decides where the spec names two (default: "
-                        "prefixcache; vllm-0.8.5 takes vLLM 0.8.5's)")
+                        "prefixcache; vllm-0.8.5 takes vLLM 0.8.5's, and with --api v1 "
+                        "vllm-0.34.0 takes vLLM 0.34.0's)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=None,
                         help="time budget of the whole run, shrinking included")
@@ -156,15 +167,52 @@ def _positive(args: argparse.Namespace) -> None:
         raise UsageError("--call-timeout must be >= 0 (0: no limit)")
 
 
+def _api(args: argparse.Namespace) -> str:
+    return getattr(args, "api", None) or "v0"
+
+
+def presets_of(args: argparse.Namespace) -> Dict[str, Semantics]:
+    """The semantic presets of the campaign's API."""
+    return V1_PRESETS if _api(args) == "v1" else PRESETS
+
+
+def _resolve(args: argparse.Namespace) -> Target:
+    """The target the options name (``--target`` filled in with the API's default)."""
+    if _api(args) == "v1":
+        args.target = args.target or V1_DEFAULT_TARGET
+        return resolve_v1_target(args.target)
+    args.target = args.target or DEFAULT_TARGET
+    return resolve_target(args.target, kind=args.kind, strict=not args.relaxed,
+                          options=target_options(args))
+
+
+def _check_api(args: argparse.Namespace) -> None:
+    """The options that only one API takes; the semantics of the API's presets."""
+    api = _api(args)
+    if args.semantics not in presets_of(args):
+        raise UsageError(f"--semantics {args.semantics} is not a preset of --api {api} "
+                         f"(choose {', '.join(sorted(presets_of(args)))})")
+    if api == "v1":
+        given = [flag for flag, value in (("--kind", args.kind), ("--hash-algo",
+                 getattr(args, "hash_algo", None)), ("--relaxed", args.relaxed or None))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} cannot be used with --api v1 (a v1 pool "
+                             "takes the caller's hashes and hands out ids in its queue's order)")
+
+
 def configure(args: argparse.Namespace) -> Target:
     """Check every option; return the target, built once to see that it is
     an allocator.  UsageError (exit code 2) for anything wrong."""
     _positive(args)
-    options = target_options(args)
+    _check_api(args)
+    target_options(args)
     try:
-        target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed,
-                                options=options)
-        check_allocator(target)
+        target = _resolve(args)
+        if _api(args) == "v1":
+            check_v1_pool(target)
+        else:
+            check_allocator(target)
     except TargetError as exc:
         raise UsageError(str(exc)) from exc
     open_database(args.database)
@@ -182,15 +230,14 @@ def configure(args: argparse.Namespace) -> Target:
 def search_with(args: argparse.Namespace, worker: int = 0,
                 progress: Optional[Callable[[Outcome], None]] = None) -> Outcome:
     """One worker's search, as the options (checked by :func:`configure`) ask."""
-    target = resolve_target(args.target, kind=args.kind, strict=not args.relaxed,
-                            options=target_options(args))
+    target = _resolve(args)
     budget = Budget(seconds=args.seconds, examples=args.examples, steps=args.steps,
                     max_findings=1 if args.stop_at_first else args.max_findings)
     if budget.seconds is None and budget.examples is None and budget.steps is None:
         budget.examples = profile_settings(args.profile or default_profile()).max_examples
     options = SearchOptions(
         mistakes=not args.no_mistakes, white_box=not args.black_box,
-        semantics=PRESETS[args.semantics], call_timeout=args.call_timeout or None,
+        semantics=presets_of(args)[args.semantics], call_timeout=args.call_timeout or None,
         base=profile_settings(args.profile or default_profile()),
         database=open_database(args.database), shrink=not args.no_shrink, seed=args.seed,
         worker=worker)
@@ -271,7 +318,8 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
 
 def report(outcome: Outcome, args: argparse.Namespace) -> Dict[str, Any]:
     """The JSON report of a campaign."""
-    data: Dict[str, Any] = {"target": args.target, "semantics": args.semantics,
+    data: Dict[str, Any] = {"api": _api(args), "target": args.target,
+                            "semantics": args.semantics,
                             "mistakes": not args.no_mistakes, "seed": args.seed,
                             "workers": args.workers, "baseline": args.baseline}
     data.update(outcome.to_json())
@@ -290,7 +338,9 @@ def _print_summary(outcome: Outcome, args: argparse.Namespace) -> None:
     console = Console(stderr=False, highlight=False, soft_wrap=not sys.stdout.isatty())
     data = outcome.to_json()
     algo = getattr(args, "hash_algo", None)
-    console.print(f"[bold]prefixcache fuzz[/] target={escape(args.target)} "
+    console.print("[bold]prefixcache fuzz[/] "
+                  + ("api=v1 " if _api(args) == "v1" else "")
+                  + f"target={escape(args.target)} "
                   + (f"hash_algo={escape(str(algo))} " if algo else "")
                   + f"semantics={args.semantics} "
                   + ("no-mistakes " if args.no_mistakes else "")
@@ -349,9 +399,10 @@ def run(args: argparse.Namespace) -> int:
     outcome = _run_single(args) if args.workers == 1 else _run_workers(args)
     findings = outcome.findings.in_order()
     for finding in findings:
-        finding.explanation = explain(finding, target, PRESETS[args.semantics],
+        finding.explanation = explain(finding, target, presets_of(args)[args.semantics],
                                       white_box=not args.black_box,
-                                      call_timeout=args.call_timeout or None)
+                                      call_timeout=args.call_timeout or None,
+                                      presets=presets_of(args))
     write_traces(findings, Path(args.findings_dir))
     _print_summary(outcome, args)
     if args.json:

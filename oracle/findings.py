@@ -129,13 +129,14 @@ def read_baseline(path: Path) -> Set[str]:
 
 
 def explain(finding: Finding, target: Target, semantics: Semantics, *, white_box: bool,
-            call_timeout: Optional[float]) -> Optional[Explanation]:
+            call_timeout: Optional[float],
+            presets: Optional[Dict[str, Semantics]] = None) -> Optional[Explanation]:
     """The options that alone explain ``finding``: replayed with one option
     switched to vLLM's rule, its trace runs past the failing step clean.
     If no single option does, all of prefixcache's rules switched together
     are tried.  None when the finding stands under every preset (a fault),
     or it has no trace to replay (a hang is not replayed: it would cost the
-    whole call timeout again)."""
+    whole call timeout again).  ``presets``: those to name (default: v0's)."""
     violation, trace = finding.violation, finding.violation.trace
     if trace is None or violation.category == "hang" or violation.step is None:
         return None
@@ -155,7 +156,7 @@ def explain(finding: Finding, target: Target, semantics: Semantics, *, white_box
             alone = strict
     if not alone:
         return None
-    accepted = [name for name, preset in PRESETS.items()
+    accepted = [name for name, preset in (presets or PRESETS).items()
                 if all(preset.value(o) for o in alone)]
     return Explanation([o.name for o in alone], accepted)
 

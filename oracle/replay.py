@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..spec.semantics import PRESETS, Semantics
+from ..spec.v1_semantics import V1_PRESETS
 from .driver import Driver
 from .recorder import recorded_target
 from .target_log import captured_logs
 from .targets import DEFAULT_TARGET, KINDS, Target, TargetError, resolve_target
 from .trace import Step, Trace, render_step
+from .v1_driver import V1Driver
+from .v1_targets import V1_DEFAULT_TARGET, V1_KIND, resolve_v1_target
+from .v1_trace import render_v1_step
 from .violations import Violation
 
 
@@ -45,13 +49,17 @@ def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = T
         if trace.steps and all(step.expect is not None for step in trace.steps):
             target = recorded_target(trace)
             white_box = False
+        elif trace.kind == V1_KIND:
+            target = resolve_v1_target(trace.target or V1_DEFAULT_TARGET)
         else:
             target = resolve_target(trace.target or DEFAULT_TARGET, kind=trace.kind,
                                     strict=trace.strict)
     if semantics is None:
         semantics = Semantics.from_json(trace.semantics) if trace.semantics else Semantics()
-    driver = Driver(target, trace.num_blocks, trace.block_size, white_box=white_box,
+    make = V1Driver if target.kind == V1_KIND else Driver
+    driver = make(target, trace.num_blocks, trace.block_size, white_box=white_box,
                     semantics=semantics, call_timeout=call_timeout)
+    show = (lambda s: render_v1_step(s.op, s.args)) if trace.kind == V1_KIND else render_step
     with captured_logs():  # as in a campaign: counted, not printed, INFO included
         for index, original in enumerate(trace.steps):
             step = Step(op=original.op, args=dict(original.args), out=list(original.out),
@@ -60,12 +68,12 @@ def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = T
                 driver.run(step)
             except Violation as violation:
                 if echo is not None:
-                    echo.append(f"{index:4d}  {render_step(step)}")
+                    echo.append(f"{index:4d}  {show(step)}")
                     echo.append(f"      ^ {violation}")
                 return ReplayResult(index, violation)
             if echo is not None:
                 verdict = f"refused: {driver.refused}" if driver.refused else "ok"
-                echo.append(f"{index:4d}  {render_step(step):70s}  # {verdict}")
+                echo.append(f"{index:4d}  {show(step):70s}  # {verdict}")
         return ReplayResult(len(trace.steps), None)
 
 
@@ -79,7 +87,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="accept any free id the spec allows")
     parser.add_argument("--black-box", action="store_true",
                         help="compare results only, not internals and invariants")
-    parser.add_argument("--semantics", choices=sorted(PRESETS), default=None,
+    parser.add_argument("--semantics", choices=sorted(set(PRESETS) | set(V1_PRESETS)),
+                        default=None,
                         help="judge by this preset's rules (default: the trace's own)")
     parser.add_argument("--call-timeout", type=float, default=10.0, metavar="SECONDS",
                         help="a call of the target that runs longer is a hang (default 10; "
@@ -96,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     target = None
     if args.target is not None:
         try:
-            target = resolve_target(args.target, kind=args.kind or trace.kind,
-                                    strict=not args.relaxed)
+            target = resolve_v1_target(args.target) if trace.kind == V1_KIND else \
+                resolve_target(args.target, kind=args.kind or trace.kind,
+                               strict=not args.relaxed)
         except TargetError as exc:
             print(f"prefixcache replay: {exc}", file=sys.stderr)
             return 2
@@ -105,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
         print("prefixcache replay: --call-timeout must be >= 0", file=sys.stderr)
         return 2
     lines: List[str] = []
-    semantics = PRESETS[args.semantics] if args.semantics else None
+    presets = V1_PRESETS if trace.kind == V1_KIND else PRESETS
+    if args.semantics and args.semantics not in presets:
+        print(f"prefixcache replay: --semantics must be one of {', '.join(sorted(presets))} "
+              f"for a {trace.kind} trace", file=sys.stderr)
+        return 2
+    semantics = presets[args.semantics] if args.semantics else None
     result = replay(trace, target, white_box=not args.black_box, semantics=semantics,
                     call_timeout=args.call_timeout or None, echo=lines)
     print(f"# {Path(args.trace).name}: {len(trace.steps)} steps, "

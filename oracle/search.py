@@ -43,6 +43,8 @@ from .machine import OutOfTime, Stats, make_machine
 from .minimise import minimise
 from .target_log import LogTally, captured_logs
 from .targets import Target
+from .v1_machine import make_v1_machine
+from .v1_targets import V1_KIND
 from .violations import Violation
 
 #: Examples per batch: small, so that a known finding stops being searched
@@ -162,7 +164,8 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
     kept = None if options.database is None else KeptFindings(options.database)
     if kept is not None:
         options = dataclasses.replace(options, database=kept)
-    machine = make_machine(target, mistakes=options.mistakes, white_box=options.white_box,
+    make = make_v1_machine if target.kind == V1_KIND else make_machine
+    machine = make(target, mistakes=options.mistakes, white_box=options.white_box,
                            stats=outcome.stats, semantics=options.semantics,
                            call_timeout=options.call_timeout, known=findings.known)
     start = time.monotonic()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 from ..spec.operations import missing
 
@@ -147,6 +147,26 @@ def _builder(target: Any, kind: str, options: Dict[str, Any]) -> Callable[[int, 
     return lambda n, size: obj(n, size, **options)
 
 
+def named_callable(target: Union[str, Callable[..., Any]], pinned: Callable[[str], Any],
+                   what: str) -> Tuple[Any, str]:
+    """The class or factory ``target`` names and its name: ``MODULE:CLASS``
+    (imported), ``vllm==VERSION...`` (``pinned(target)``) or a callable given
+    directly.  TargetError when it cannot be loaded or is not callable
+    ("this is not ``what``")."""
+    if isinstance(target, str):
+        obj = pinned(target) if target.startswith(VLLM_PREFIX) else load_object(target)
+        name = target
+    elif callable(target):
+        obj = target
+        name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', target)}"
+    else:
+        raise TargetError(f"a target is MODULE:CLASS or a callable, got {target!r}")
+    if not callable(obj):
+        raise TargetError(f"this is not {what}: {name} is a {type(obj).__name__}, "
+                          "neither a class nor a factory")
+    return obj, name
+
+
 def resolve_target(
     target: Union[str, Factory, None] = None,
     *,
@@ -163,17 +183,7 @@ def resolve_target(
         target = DEFAULT_TARGET
     if kind is not None and kind not in KINDS:
         raise TargetError(f"kind must be one of {KINDS}, got {kind!r}")
-    if isinstance(target, str):
-        obj = _vllm_class(target) if target.startswith(VLLM_PREFIX) else load_object(target)
-        name = target
-    elif callable(target):
-        obj = target
-        name = f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', target)}"
-    else:
-        raise TargetError(f"a target is MODULE:CLASS or a callable, got {target!r}")
-    if not callable(obj):
-        raise TargetError(f"this is not an allocator: {name} is a {type(obj).__name__}, "
-                          "neither an allocator class nor a factory")
+    obj, name = named_callable(target, _vllm_class, "an allocator")
     if kind is None:
         kind = _guess_kind(obj) if inspect.isclass(obj) else "prefix"
     return Target(name=name, kind=kind, build=_builder(obj, kind, dict(options or {})),

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from ..spec.operations import BLOCK, BLOCKS, PREV_BLOCK, argument_names
 from .trackers import CLASSES, COMPUTED, LAST_ACCESS
+from .v1_trace import render_v1_step, v1_header
 
 FORMAT = "prefixcache-trace/1"
 
@@ -126,7 +127,12 @@ def render_step(step: Step) -> str:
 
 
 def render(trace: Trace) -> str:
-    """The whole trace as a short Python program."""
+    """The whole trace as a short Python program (a v1 trace, kind ``v1``, as
+    calls of a v1 BlockPool)."""
+    if trace.kind == "v1":
+        lines = [v1_header(trace.num_blocks, trace.block_size)]
+        lines += [render_v1_step(step.op, step.args) for step in trace.steps]
+        return "\n".join(lines)
     lines = [f"a = make_allocator(num_blocks={trace.num_blocks}, block_size={trace.block_size})"]
     helpers = {step.op.partition(".")[0] for step in trace.steps if "." in step.op}
     if COMPUTED in helpers:

@@ -37,6 +37,7 @@ from . import (
     v1_error_table,
     v1_invariants,
     v1_operations,
+    v1_semantics,
     v1_state,
 )
 from . import operations as ops_table
@@ -313,6 +314,16 @@ def render_pool_errors() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_pool_semantics() -> str:
+    """The v1 profile's semantic presets: the option each takes over."""
+    out = [_doc(v1_semantics), "", "| preset | `any-mistake-exception` |", "|---|---|"]
+    option = next(o for o in semantics.OPTIONS if o.field == "any_mistake_exception")
+    out += [f"| `{name}` | " + (f"vLLM 0.34.0's: {one_line(option.vllm)}" if preset.value(
+        option) else "prefixcache's: the row's class, `ValueError` for every v1 row") + " |"
+        for name, preset in v1_semantics.V1_PRESETS.items()]
+    return "\n".join(out) + "\n"
+
+
 SECTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (
     ("state", render_state),
     ("invariants", render_invariants),
@@ -325,6 +336,7 @@ SECTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (
     ("pool-invariants", render_pool_invariants),
     ("pool-operations", render_pool_operations),
     ("pool-errors", render_pool_errors),
+    ("pool-semantics", render_pool_semantics),
 )
 """Each generated section's name and the function that renders it."""
 

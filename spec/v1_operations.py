@@ -34,7 +34,9 @@ V1_OPERATIONS: Tuple[V1Operation, ...] = (
                  "block_size", "kv_cache_group_id"), "None",
                 "each of `blocks[num_cached_blocks:num_full_blocks]` but the null block, "
                 "block `k`, is cached under (the last request hash inside it, the group) "
-                "after the ids already there, covering `(k + 1) * block_size` tokens"),
+                "after the ids already there, covering `(k + 1) * block_size` tokens; a block "
+                "cached over fewer tokens loses its keys first (the next id under each becomes "
+                "the first)"),
     V1Operation("get_cached_block", ("block_hash", "kv_cache_group_ids"),
                 "one id per group, or None",
                 "none: answers the first id cached under (hash, g) for every group g, or "

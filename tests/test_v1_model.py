@@ -168,6 +168,21 @@ def test_a_larger_block_takes_the_last_hash_inside_it() -> None:
     pair.check()
 
 
+def test_a_block_cached_over_fewer_tokens_is_cached_again_further_on() -> None:
+    """0.34.0 lets a request cache a block at a later position than it was
+    cached at (over more tokens): the old key goes first.  Only over as many
+    tokens or fewer is it the mistake ``cache_full_blocks:already-cached``."""
+    pair = Pair(5)
+    ids = pair.new(2)
+    short, short_contents = _hashes([(1, 2)])
+    pair.cache(short, short_contents, ids[:1], 0, 1, HASH_BLOCK, 0)
+    long, long_contents = _hashes([(0, 0), (1, 2)])
+    pair.cache(long, long_contents, [ids[1], ids[0]], 1, 2, HASH_BLOCK, 0)
+    assert pair.model.state().block_keys == {ids[0]: ((long[1], 0), 4)}
+    assert pair.lookup(short[0], [0]) is None and pair.lookup(long[1], [0]) == ids[:1]
+    pair.check()
+
+
 def _model_mistake(row_key: str, model: V1Model, held: List[int],
                    hashes: List[BlockHash]) -> Callable[[], Any]:
     """The mistake of the v1 error table's row ``row_key``, made on ``model``
@@ -197,9 +212,10 @@ def test_the_model_refuses_every_mistake_of_the_error_table(row: V1ErrorCase) ->
     hashes, _ = _hashes([(1, 2), (3, 4)])
     model.cache_full_blocks(hashes, held, 0, 1, 2, 0)
     before = model.state()
-    with pytest.raises(row.expected):
+    with pytest.raises(row.expected) as refused:
         _model_mistake(row.key, model, held, hashes)()
     assert model.state() == before
+    assert getattr(refused.value, "row", None) == row.key  # the model names the row
 
 
 def test_the_model_refuses_other_malformed_calls() -> None:
@@ -276,8 +292,9 @@ class PoolVersusModel(RuleBasedStateMachine):
         ids = ([0] if null else []) + ids[:data.draw(st.integers(1, len(ids)), label="len")]
         num_full = data.draw(st.integers(1, len(ids)), label="num_full")
         num_cached = data.draw(st.integers(0, num_full - 1), label="num_cached")
-        if any(i in self.model.key_of for i in ids[num_cached:num_full]):
-            return  # caching a cached block again is a mistake (not made here)
+        if any(self.model.key_of.get(i, (None, 0))[1] >= (k + 1) * scale * HASH_BLOCK
+               for k, i in enumerate(ids[:num_full]) if k >= num_cached and i != 0):
+            return  # caching a block again over as many tokens is a mistake (not made here)
         need = num_full * scale
         # half the time a prefix of an earlier chain: duplicates in the cache
         old = data.draw(st.sampled_from(self.chains), label="reuse") if self.chains \

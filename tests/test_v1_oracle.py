@@ -1,0 +1,224 @@
+"""``prefixcache fuzz --api v1`` and ``prefixcache replay`` of its traces, the
+v1 driver's verdicts, and a few variants of the v1 fault corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from prefixcache.bench.v1_corpus import VARIANTS, judge
+from prefixcache.oracle.mistakes import OracleError
+from prefixcache.oracle.replay import replay
+from prefixcache.oracle.trace import Step, Trace, render
+from prefixcache.oracle.v1_driver import V1Driver
+from prefixcache.oracle.v1_machine import V1_MISTAKE_ROWS, make_v1_machine
+from prefixcache.oracle.v1_targets import V1_KIND, resolve_v1_target
+from prefixcache.oracle.violations import Violation
+from prefixcache.oracle.vllm_v1_source import load_v1
+from prefixcache.spec.v1_error_table import V1_ERROR_TABLE
+from prefixcache.spec.v1_semantics import V1_PRESETS
+
+TESTS = Path(__file__).resolve().parent
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(TESTS))
+    return subprocess.run([sys.executable, "-m", "prefixcache.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+# -- the CI smoke test ---------------------------------------------------------------
+
+def test_a_short_v1_campaign_on_the_real_pool_is_clean(tmp_path: Path) -> None:
+    """The CI smoke test: a few seconds of valid calls on vLLM 0.34.0's pool."""
+    result = run_cli("fuzz", "--api", "v1", "--no-mistakes", "--seconds", "4", "--quiet",
+                     "--json", "report.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["api"] == "v1" and report["target"] == "vllm==0.34.0"
+    assert report["findings"] == []
+    for op in ("get_new_blocks", "cache_full_blocks", "get_cached_block", "touch",
+               "free_blocks", "evict_blocks"):
+        assert report["coverage"][f"op:{op}"] > 0, op
+    assert "api=v1 target=vllm==0.34.0" in result.stdout and "no new finding" in result.stdout
+
+
+# -- usage errors -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args,says", [
+    (["--api", "v2"], "invalid choice"),
+    (["--api", "v1", "--semantics", "vllm-0.8.5"], "not a preset of --api v1"),
+    (["--semantics", "vllm-0.34.0"], "not a preset of --api v0"),
+    (["--api", "v1", "--kind", "naive"], "cannot be used with --api v1"),
+    (["--api", "v1", "--relaxed"], "cannot be used with --api v1"),
+    (["--api", "v1", "--hash-algo", "sha256"], "cannot be used with --api v1"),
+    (["--api", "v1", "--target", "collections:OrderedDict"], "not a block pool"),
+    (["--api", "v1", "--target", "os:path"], "not a block pool"),
+    (["--api", "v1", "--target", "vllm==0.1.0"], "not pinned"),
+    (["--api", "v1", "--target", "vllm==0.34.0:Evictor"], "judges BlockPool"),
+    (["--api", "v1", "--seconds", "-5"], "--seconds must be > 0"),
+])
+def test_a_bad_v1_option_is_one_line_and_exit_2(tmp_path: Path, args: List[str],
+                                                says: str) -> None:
+    result = run_cli("fuzz", *args, "--quiet", cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""
+
+
+# -- findings, replay and the baseline ------------------------------------------------------
+
+def test_a_fault_exits_1_replays_and_a_baseline_knows_it(tmp_path: Path) -> None:
+    result = run_cli("fuzz", "--api", "v1", "--no-mistakes", "--seconds", "30",
+                     "--stop-at-first", "--quiet", "--target",
+                     "helpers.v1_faults:CachedFreedToFront", "--json", "report.json",
+                     cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    [finding] = report["findings"]
+    assert finding["signature"] == "conformance/free_blocks/state:free_queue"
+    assert finding["shrunk"] and "a = BlockPool(num_gpu_blocks=" in finding["program"]
+    replayed = run_cli("replay", finding["trace_file"], cwd=tmp_path)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert f"# signature: {finding['signature']}" in replayed.stdout
+    fixed = run_cli("replay", finding["trace_file"], "--target", "vllm==0.34.0", cwd=tmp_path)
+    assert fixed.returncode == 0 and "agree with the model" in fixed.stdout, fixed.stdout
+    again = run_cli("fuzz", "--api", "v1", "--no-mistakes", "--seconds", "5", "--quiet",
+                    "--target", "helpers.v1_faults:CachedFreedToFront",
+                    "--baseline", "report.json", "--json", "again.json", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    known = json.loads((tmp_path / "again.json").read_text())["known"]
+    assert [k["signature"] for k in known] == [finding["signature"]]
+
+
+# -- the driver's verdicts on hand-made traces ------------------------------------------------
+
+def _trace(steps: List[Dict[str, Any]], num_blocks: int = 4, size: int = 2) -> Trace:
+    return Trace(num_blocks=num_blocks, block_size=size, kind=V1_KIND, target="vllm==0.34.0",
+                 steps=[Step(op=s["op"], args={k: v for k, v in s.items() if k != "op"})
+                        for s in steps])
+
+
+CHAIN = [[0, 1]]
+
+
+def _silent_mistake(row: str) -> List[Dict[str, Any]]:
+    """A short program that ends in the mistake of ``row`` (a silent row of 0.34.0)."""
+    cache = dict(op="cache_full_blocks", tokens=CHAIN, salt=None, blocks=[1],
+                 num_cached_blocks=0, num_full_blocks=1, block_size=2, kv_cache_group_id=0)
+    return {
+        "get_new_blocks:negative": [dict(op="get_new_blocks", num_blocks=-1)],
+        "free_blocks:unreferenced": [dict(op="free_blocks", ordered_blocks=[2])],
+        "free_blocks:repeated": [dict(op="get_new_blocks", num_blocks=1),
+                                 dict(op="free_blocks", ordered_blocks=[1, 1])],
+        "touch:not-cached-free": [dict(op="touch", blocks=[3])],
+        "cache_full_blocks:unreferenced": [cache],
+        "evict_blocks:negative-id": [dict(op="evict_blocks", block_ids=[-1])],
+        "get_cached_block:no-groups": [dict(op="get_cached_block", tokens=CHAIN, salt=None,
+                                            kv_cache_group_ids=[])],
+    }[row]
+
+
+@pytest.mark.parametrize("row", [r for r in V1_ERROR_TABLE if r.silent], ids=lambda r: r.key)
+@pytest.mark.parametrize("semantics", sorted(V1_PRESETS))
+def test_every_mistake_the_pool_accepts_silently_is_reported(row: Any, semantics: str) -> None:
+    steps = _silent_mistake(row.key)
+    trace = _trace(steps)
+    result = replay(trace, semantics=V1_PRESETS[semantics])
+    assert result.violation is not None and result.steps_run == len(steps) - 1
+    assert result.violation.signature == f"robustness/{row.operation}/no-ValueError:{row.tag}"
+    assert render(result.violation.trace).endswith(f"  # row: {row.key}")
+
+
+def test_every_mistake_row_has_a_provoker() -> None:
+    assert set(V1_MISTAKE_ROWS) == {r.key for r in V1_ERROR_TABLE} - {"get_new_blocks:too-many"}
+    machine = make_v1_machine(resolve_v1_target())()
+    machine.driver = V1Driver(machine.config.target, 4, 1)
+    assert set(machine._provokers()) == set(V1_MISTAKE_ROWS)
+
+
+def test_a_refusal_that_changes_the_state_is_reported_under_both_presets() -> None:
+    """0.34.0 caches the first block, then fails on the second's missing hash."""
+    steps = [dict(op="get_new_blocks", num_blocks=2),
+             dict(op="cache_full_blocks", tokens=CHAIN, salt=None, blocks=[1, 2],
+                  num_cached_blocks=0, num_full_blocks=2, block_size=2, kv_cache_group_id=0)]
+    strict = replay(_trace([dict(s) for s in steps]), semantics=V1_PRESETS["prefixcache"])
+    assert strict.violation is not None
+    assert strict.violation.signature == \
+        "robustness/cache_full_blocks/not-ValueError:too-few-hashes"
+    loose = replay(_trace([dict(s) for s in steps]), semantics=V1_PRESETS["vllm-0.34.0"])
+    assert loose.violation is not None
+    assert loose.violation.signature == "robustness/cache_full_blocks/changed:cached"
+
+
+def test_valid_calls_on_the_real_pool_agree_and_render() -> None:
+    steps = [dict(op="get_new_blocks", num_blocks=2),
+             dict(op="cache_full_blocks", tokens=[[0, 1], [1, 1]], salt="a", blocks=[1, 2],
+                  num_cached_blocks=0, num_full_blocks=2, block_size=2, kv_cache_group_id=1),
+             dict(op="free_blocks", ordered_blocks=[2, 1, 0], evict_first=False),
+             dict(op="get_cached_block", tokens=[[0, 1], [1, 1]], salt="a",
+                  kv_cache_group_ids=[1]),
+             dict(op="touch", blocks=[2]),
+             dict(op="get_new_blocks", num_blocks=3),
+             dict(op="reset_prefix_cache"), dict(op="get_usage")]
+    trace = _trace(steps)
+    assert replay(trace).violation is None
+    program = render(trace)
+    assert "a.free_blocks(ordered_blocks=[a.blocks[2], a.blocks[1], a.blocks[0]]" in program
+    assert "block_hash=hash_of(request(tokens=[[0, 1], [1, 1]], salt='a'))" in program
+
+
+def test_mistakes_off_promises_valid_calls() -> None:
+    driver = V1Driver(resolve_v1_target(), 3, 1, mistakes=False)
+    with pytest.raises(OracleError):
+        driver.run(Step(op="touch", args={"blocks": [1]}))
+
+
+def test_a_black_box_pool_is_judged_by_its_answers() -> None:
+    clean = V1Driver(resolve_v1_target("helpers.v1_faults:BlackBox"), 4, 1)
+    assert not clean.white
+    faulty = V1Driver(resolve_v1_target("helpers.v1_faults:BlackBoxPopleftLostDecrement"), 4,
+                      1)
+    assert not faulty.white
+    clean.run(Step(op="get_new_blocks", args={"num_blocks": 2}))
+    clean.run(Step(op="free_blocks", args={"ordered_blocks": [1, 2]}))
+    with pytest.raises(Violation) as caught:
+        faulty.run(Step(op="get_new_blocks", args={"num_blocks": 2}))
+    assert caught.value.signature == "conformance/get_new_blocks/free-count"
+
+
+# -- the fault corpus -----------------------------------------------------------------------
+
+def test_every_corpus_edit_applies_and_changes_the_source() -> None:
+    assert len(VARIANTS) >= 15 and len({v.name for v in VARIANTS}) == len(VARIANTS)
+    for variant in VARIANTS:
+        assert load_v1(edits=variant.as_edits()).BlockPool is not load_v1().BlockPool
+
+
+@pytest.mark.parametrize("name", ["free-lost-decrement", "duplicate-lookup-last",
+                                  "remove-breaks-back-link"])
+def test_the_oracle_catches_a_corpus_variant(name: str) -> None:
+    variant = next(v for v in VARIANTS if v.name == name)
+    verdict = judge(variant.name, variant.fault, variant.as_edits(), seconds=30)
+    assert verdict.signature is not None, f"{name} not caught in 30 s"
+
+
+def test_a_refused_call_that_changes_nothing_is_not_reported() -> None:
+    """0.34.0 asserts on a block cached over as many tokens before changing
+    anything: accepted under vllm-0.34.0 (the hashes the refused request
+    carried are the caller's knowledge, not a change of the pool)."""
+    steps = [dict(op="get_new_blocks", num_blocks=1),
+             dict(op="cache_full_blocks", tokens=CHAIN, salt=None, blocks=[1],
+                  num_cached_blocks=0, num_full_blocks=1, block_size=2, kv_cache_group_id=0),
+             dict(op="cache_full_blocks", tokens=[[2, 2]], salt=None, blocks=[1],
+                  num_cached_blocks=0, num_full_blocks=1, block_size=2, kv_cache_group_id=0)]
+    assert replay(_trace(steps), semantics=V1_PRESETS["vllm-0.34.0"]).violation is None
+    strict = replay(_trace(steps), semantics=V1_PRESETS["prefixcache"]).violation
+    assert strict is not None
+    assert strict.signature == "robustness/cache_full_blocks/not-ValueError:already-cached"
