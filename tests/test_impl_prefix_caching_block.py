@@ -857,6 +857,41 @@ def test_mark_blocks_as_accessed_errors_are_all_or_nothing() -> None:
     expect_rejected(a, err.WrongTypeError, lambda: a.mark_blocks_as_accessed([0], None))
 
 
+def test_mark_blocks_as_accessed_takes_any_equal_int_and_refuses_lookalikes() -> None:
+    # An id equal to a held one but another int object, a tuple of ids, an int
+    # time: all accepted (the fast path's identity test only picks the path).
+    a = make(600, 2, block_ids=range(300, 900))
+    x = a.allocate_immutable_block(None, [1, 2])
+    y = a.allocate_immutable_block(None, [3, 4])
+    assert (x.block_id, y.block_id) == (300, 301)
+    a.mark_blocks_as_accessed([int("300"), y.block_id], 2.5)
+    assert tracker_of(a, 300) == (True, 2.5, False) and tracker_of(a, 301) == (True, 2.5, False)
+    a.mark_blocks_as_accessed((300, 301), 4)
+    assert tracker_of(a, 300) == (True, 4, False)
+    # Lookalikes of held ids after a held one: refused, nothing changed.
+    for ids, error in (([300, 301.0], err.UnknownBlockIdError),
+                       ([300, True], err.UnknownBlockIdError),
+                       ([300, [301]], err.UnknownBlockIdError),
+                       ([300, 302], err.BlockNotOnDeviceError)):
+        expect_rejected(a, error, lambda ids=ids: a.mark_blocks_as_accessed(ids, 5.0),
+                        blocks=[x, y])
+        assert tracker_of(a, 300) == (True, 4, False)
+    expect_rejected(a, err.InvalidArgumentError,
+                    lambda: a.mark_blocks_as_accessed([300], float("nan")), blocks=[x, y])
+    expect_rejected(a, err.WrongTypeError,
+                    lambda: a.mark_blocks_as_accessed([300], True), blocks=[x, y])
+    expect_rejected(a, err.WrongTypeError,
+                    lambda: a.mark_blocks_as_accessed(iter([300]), 5.0), blocks=[x, y])
+    assert tracker_of(a, 300) == (True, 4, False)
+    # Freed, then held again: the fast path follows the id in and out of use.
+    a.free(y)
+    a.mark_blocks_as_accessed([301], 6.0)
+    assert evictor_entries(a)[0][3] == 6.0
+    assert a.allocate_immutable_block(None, [3, 4]).block_id == 301
+    a.mark_blocks_as_accessed([300, 301], 7.0)
+    assert tracker_of(a, 301)[:2] == (True, 7.0)
+
+
 def test_mark_blocks_as_computed_ignores_its_argument() -> None:
     a = make(4, 2)
     x = a.allocate_immutable_block(None, [1, 2])
