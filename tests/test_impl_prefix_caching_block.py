@@ -900,6 +900,12 @@ def test_mark_blocks_as_accessed_takes_any_equal_int_and_refuses_lookalikes() ->
     assert a._block_tracker[mutable_id].held is mutable_id
     a.free(mutable)
     assert a._block_tracker[mutable_id].held is None
+    cached = a.allocate_immutable_block(None, [5, 6])
+    filling = a.allocate_mutable_block(None)
+    own_id = filling.block_id
+    filling.append_token_ids([5, 6])  # promoted onto the cached id: its own id is let go
+    assert filling.block_id == cached.block_id != own_id
+    assert a._block_tracker[own_id].held is None
     a.free(x)  # evictable: no longer held
     assert a._block_tracker[300].held is None
     a.allocate_immutable_blocks(None, [[1, 2]])  # a hit revives it: held again
