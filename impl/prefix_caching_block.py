@@ -116,14 +116,20 @@ def common_prefix(lists: Sequence[Sequence[BlockId]]) -> List[BlockId]:
 
 class BlockTracker:
     """Per-id bookkeeping while the id is in use: its access time and
-    whether its KV is computed.  Inactive trackers hold the defaults."""
+    whether its KV is computed.  Inactive trackers hold the defaults.
 
-    __slots__ = ("active", "last_accessed", "computed")
+    ``held``: while the allocator holds the id in use, the very int object
+    it handed out as that id (None otherwise, and always None for a tracker
+    enabled by :meth:`enable`), so that ``trackers[x].held is x`` proves in
+    one test that ``x`` is an int, managed here and in use."""
+
+    __slots__ = ("active", "last_accessed", "computed", "held")
 
     def __init__(self) -> None:
         self.active: bool = False
         self.last_accessed: float = _DEFAULT_LAST_ACCESSED_TIME
         self.computed: bool = False
+        self.held: Optional[int] = None
 
     def enable(self) -> None:
         """Start tracking (the tracker must be inactive); reset the fields."""
@@ -137,6 +143,7 @@ class BlockTracker:
         if not self.active:
             raise InvalidArgumentError("the tracker is not active")
         self.active = False
+        self.held = None
         self.reset()
 
     def reset(self) -> None:
@@ -484,6 +491,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._refcounts[block_id] = 1
         tracker = self._block_tracker[block_id]
         tracker.active = True
+        tracker.held = block_id
         tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         tracker.computed = False
         return block_id
@@ -498,6 +506,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             self.evictor.remove(block_id)
             tracker = self._block_tracker[block_id]
             tracker.active = True
+            tracker.held = block_id
             tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
             tracker.computed = block_id not in self._touched_blocks
 
@@ -512,6 +521,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def _untrack(self, block_id: BlockId) -> None:
         tracker = self._block_tracker[block_id]
         tracker.active = False
+        tracker.held = None
         tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         tracker.computed = False
 
@@ -534,6 +544,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         else:
             self._free_ids.appendleft(block_id)
         tracker.active = False
+        tracker.held = None
         tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         tracker.computed = False
 
@@ -657,6 +668,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                     self.evictor.remove(cached_id)
                     tracker = self._block_tracker[cached_id]
                     tracker.active = True
+                    tracker.held = cached_id
                     tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
                     tracker.computed = cached_id not in touched
                 block = self._pooled_block(prev_block, token_ids, cached_id, extra_hash)
@@ -905,19 +917,27 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         in the evictor (which reorders).  All or nothing: an unknown id
         raises UnknownBlockIdError (a KeyError), a free id
         BlockNotOnDeviceError (a ValueError)."""
+        trackers = self._block_tracker
+        if type(block_ids) is list and (type(now) is float or type(now) is int) and now == now:
+            try:
+                for block_id in block_ids:
+                    if trackers[block_id].held is not block_id:
+                        break
+                else:  # the common case: every id is one this allocator holds in use
+                    for block_id in block_ids:
+                        trackers[block_id].last_accessed = now
+                    return
+            except Exception:  # an unknown or unhashable id: the checks below name the mistake
+                pass
+        self._mark_accessed_checked(block_ids, now)
+
+    def _mark_accessed_checked(self, block_ids: List[int], now: float) -> None:
+        """:meth:`mark_blocks_as_accessed` with every argument checked one by one."""
         check_timestamp(now)
         if not isinstance(block_ids, (list, tuple)):
             raise WrongTypeError(f"block_ids must be a list, got {type(block_ids).__name__}")
         refcounts = self._refcounts
         trackers = self._block_tracker
-        references = refcounts.get
-        for block_id in block_ids:
-            if type(block_id) is not int or not references(block_id):
-                break
-        else:  # the common case: every id is in use, so its tracker is active
-            for block_id in block_ids:
-                trackers[block_id].last_accessed = now
-            return
         evictable = self.evictor.free_table
         for block_id in block_ids:
             if type(block_id) is not int or block_id not in refcounts:
@@ -952,9 +972,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         its ids).  Otherwise a new list, the longest common prefix of the
         non-empty lists (``[]`` when there are none).  Ids are compared with
         ``==`` only, so lists and tuples mix and any ids are accepted."""
-        if (type(computed_seq_block_ids) is list and len(computed_seq_block_ids) == 1
-                and type(computed_seq_block_ids[0]) is list):
-            return computed_seq_block_ids[0]  # the common case, already checked
+        try:
+            [only] = computed_seq_block_ids
+        except Exception:  # not one item: the checks below
+            pass
+        else:
+            if only.__class__ is list is computed_seq_block_ids.__class__:
+                return only  # the common case, already checked
         check_list_of_lists(computed_seq_block_ids, "computed_seq_block_ids")
         if len(computed_seq_block_ids) == 1:
             only = computed_seq_block_ids[0]

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixcache.impl import errors as err
+from prefixcache.impl import prefix_caching_block as pcb
 from prefixcache.impl.common import CacheMetricData
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
 from prefixcache.impl.evictor import EvictionPolicy, LRUEvictor
@@ -67,19 +68,19 @@ def evictor_entries(a: PrefixCachingBlockAllocator) -> list:
 
 def test_block_tracker_life_cycle() -> None:
     t = BlockTracker()
-    assert (t.active, t.last_accessed, t.computed) == (False, -1, False)
+    assert (t.active, t.last_accessed, t.computed, t.held) == (False, -1, False, None)
     assert _DEFAULT_LAST_ACCESSED_TIME == -1
     t.enable()
-    assert (t.active, t.last_accessed, t.computed) == (True, -1, False)
+    assert (t.active, t.last_accessed, t.computed, t.held) == (True, -1, False, None)
     t.last_accessed, t.computed = 5.0, True
     with pytest.raises(err.InvalidArgumentError):
         t.enable()
     assert (t.active, t.last_accessed, t.computed) == (True, 5.0, True)
     t.reset()
     assert (t.active, t.last_accessed, t.computed) == (True, -1, False)
-    t.last_accessed, t.computed = 6.0, True
+    t.last_accessed, t.computed, t.held = 6.0, True, 7
     t.disable()
-    assert (t.active, t.last_accessed, t.computed) == (False, -1, False)
+    assert (t.active, t.last_accessed, t.computed, t.held) == (False, -1, False, None)
     with pytest.raises(err.InvalidArgumentError):
         t.disable()
     with pytest.raises(AssertionError):
@@ -855,6 +856,92 @@ def test_mark_blocks_as_accessed_errors_are_all_or_nothing() -> None:
     expect_rejected(a, KeyError, lambda: a.mark_blocks_as_accessed([None], 2.0))
     expect_rejected(a, err.WrongTypeError, lambda: a.mark_blocks_as_accessed([0], "now"))
     expect_rejected(a, err.WrongTypeError, lambda: a.mark_blocks_as_accessed([0], None))
+
+
+def test_mark_blocks_as_accessed_takes_any_equal_int_and_refuses_lookalikes() -> None:
+    # An id equal to a held one but another int object, a tuple of ids, an int
+    # time: all accepted (the fast path's identity test only picks the path).
+    a = make(600, 2, block_ids=range(300, 900))
+    x = a.allocate_immutable_block(None, [1, 2])
+    y = a.allocate_immutable_block(None, [3, 4])
+    assert (x.block_id, y.block_id) == (300, 301)
+    a.mark_blocks_as_accessed([int("300"), y.block_id], 2.5)
+    assert tracker_of(a, 300) == (True, 2.5, False) and tracker_of(a, 301) == (True, 2.5, False)
+    a.mark_blocks_as_accessed((300, 301), 4)
+    assert tracker_of(a, 300) == (True, 4, False)
+    # Lookalikes of held ids after a held one: refused, nothing changed.
+    for ids, error in (([300, 301.0], err.UnknownBlockIdError),
+                       ([300, True], err.UnknownBlockIdError),
+                       ([300, [301]], err.UnknownBlockIdError),
+                       ([300, 302], err.BlockNotOnDeviceError)):
+        expect_rejected(a, error, lambda ids=ids: a.mark_blocks_as_accessed(ids, 5.0),
+                        blocks=[x, y])
+        assert tracker_of(a, 300) == (True, 4, False)
+    expect_rejected(a, err.InvalidArgumentError,
+                    lambda: a.mark_blocks_as_accessed([300], float("nan")), blocks=[x, y])
+    expect_rejected(a, err.WrongTypeError,
+                    lambda: a.mark_blocks_as_accessed([300], True), blocks=[x, y])
+    expect_rejected(a, err.WrongTypeError,
+                    lambda: a.mark_blocks_as_accessed(iter([300]), 5.0), blocks=[x, y])
+    assert tracker_of(a, 300) == (True, 4, False)
+    # Freed, then held again: the fast path follows the id in and out of use.
+    held = {i: t.held for i, t in a._block_tracker.items() if t.held is not None}
+    assert held == {300: 300, 301: 301} and held[301] is y.block_id
+    a.free(y)
+    assert a._block_tracker[301].held is None
+    a.mark_blocks_as_accessed([301], 6.0)
+    assert evictor_entries(a)[0][3] == 6.0
+    assert a.allocate_immutable_block(None, [3, 4]).block_id == 301
+    a.mark_blocks_as_accessed([300, 301], 7.0)
+    assert tracker_of(a, 301)[:2] == (True, 7.0)
+    assert a._block_tracker[301].held == 301
+    mutable = a.allocate_mutable_block(None)
+    mutable_id = mutable.block_id
+    assert a._block_tracker[mutable_id].held is mutable_id
+    a.free(mutable)
+    assert a._block_tracker[mutable_id].held is None
+    cached = a.allocate_immutable_block(None, [5, 6])
+    filling = a.allocate_mutable_block(None)
+    own_id = filling.block_id
+    filling.append_token_ids([5, 6])  # promoted onto the cached id: its own id is let go
+    assert filling.block_id == cached.block_id != own_id
+    assert a._block_tracker[own_id].held is None
+    a.free(x)  # evictable: no longer held
+    assert a._block_tracker[300].held is None
+    a.allocate_immutable_blocks(None, [[1, 2]])  # a hit revives it: held again
+    assert a._block_tracker[300].held == 300
+
+
+def test_common_cases_skip_the_checked_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Held ids with a float or int time, and one list of ids, are answered
+    # without the one-by-one checks (the cost of strictness on the hot path).
+    a = make(8, 2)
+    x = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    ids = [b.block_id for b in x]
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the checked path ran")
+
+    monkeypatch.setattr(a, "_mark_accessed_checked", refuse)
+    monkeypatch.setattr(pcb, "check_list_of_lists", refuse)
+    a.mark_blocks_as_accessed(ids, 3.5)
+    a.mark_blocks_as_accessed(ids, 4)
+    a.mark_blocks_as_accessed([], 5.0)
+    assert [tracker_of(a, i)[1] for i in ids] == [4, 4]
+    assert a.get_common_computed_block_ids([ids]) is ids
+    with pytest.raises(AssertionError, match="checked path"):
+        a.mark_blocks_as_accessed((ids[0],), 6.0)  # a tuple: checked
+    with pytest.raises(AssertionError, match="checked path"):
+        a.mark_blocks_as_accessed(ids, True)  # a bool time: checked
+    with pytest.raises(AssertionError, match="checked path"):
+        a.mark_blocks_as_accessed(ids, float("nan"))
+    with pytest.raises(AssertionError, match="checked path"):
+        a.mark_blocks_as_accessed([ids[0], 7], 6.0)  # a free id: checked
+    with pytest.raises(AssertionError, match="checked path"):
+        a.get_common_computed_block_ids((ids,))  # a tuple: checked
+    with pytest.raises(AssertionError, match="checked path"):
+        a.get_common_computed_block_ids([tuple(ids)])
+    assert [tracker_of(a, i)[1] for i in ids] == [4, 4]
 
 
 def test_mark_blocks_as_computed_ignores_its_argument() -> None:
