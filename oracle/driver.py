@@ -573,7 +573,8 @@ class Driver:
 
     def _compare_after(self, step: Step, *, unchanged: bool) -> None:
         what = "after a refused call" if unchanged else "after the call"
-        for name in self.live_names():
+        live = self.live_names()
+        for name in live:
             t_id = getattr(self.blocks[name], "block_id", None)
             m_id = self.handles[name].block_id
             if t_id != m_id:
@@ -595,7 +596,7 @@ class Driver:
                 category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name} has id {t_id} "
                                  f"in the target, {m_id} in the spec", "block-id")
-        for name in self.live_names():  # the flag a cache hit sets on the Block object
+        for name in live:  # the flag a cache hit sets on the Block object
             computed = _computed_flag(self.blocks[name])
             if computed is not _ABSENT and computed is not self.handles[name].computed:
                 category = "robustness" if unchanged else "conformance"

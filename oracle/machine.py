@@ -249,6 +249,11 @@ class AllocatorMachine(RuleBasedStateMachine):
     def ids(self, seq: Seq) -> List[int]:
         return [self.handle(n).block_id for n in seq.names]
 
+    def model_state(self, device: str) -> Any:
+        """The model's abstract state of ``device`` ("GPU" or "CPU"; the
+        one device of a single allocator)."""
+        return self.d.model_states()[device if self.d.kind == "cpu_gpu" else ""]
+
     def alloc_args(self, seq_device: str) -> Dict[str, Any]:
         return {"device": seq_device} if self.d.kind == "cpu_gpu" else {}
 
@@ -443,8 +448,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def mark_evictable_accessed(self, data: st.DataObject) -> None:
         """Touch cached blocks that wait in the evictor: the evictor must
         reorder exactly (vLLM's heap once did not)."""
-        label = "GPU" if self.d.kind == "cpu_gpu" else ""
-        waiting = [e.block_id for e in self.d.model_states()[label].evictor]
+        waiting = [e.block_id for e in self.model_state("GPU").evictor]
         if not waiting:
             return
         ids = data.draw(st.lists(st.sampled_from(waiting), min_size=1, max_size=3,
@@ -467,8 +471,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         re-enters the evictor, so a lazy evictor's stale entries pile up
         until it rebuilds itself (vLLM's heap does past 50 per entry); then,
         sometimes, new blocks until one is evicted."""
-        label = "GPU" if self.d.kind == "cpu_gpu" else ""
-        firsts = [e.content for e in self.d.model_states()[label].evictor
+        firsts = [e.content for e in self.model_state("GPU").evictor
                   if e.content is not None and len(e.content) == 1]
         if not firsts:
             return
@@ -486,7 +489,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def fill(self, device: str, evictions: int) -> None:
         """New one-block sequences on ``device`` until every id that is
         free without an eviction is taken, and ``evictions`` more."""
-        state = self.d.model_states()[device if self.d.kind == "cpu_gpu" else ""]
+        state = self.model_state(device)
         for _ in range(state.reported_free - len(state.evictor) + evictions):
             step = self.run("allocate_mutable_block", prev_block=None, extra_hash=None,
                             **self.alloc_args(device))
@@ -510,8 +513,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                 break
             prompt.append(list(handle.token_ids))
         if data.draw(st.booleans(), label="full pool"):
-            state = self.d.model_states()[seq.device if self.d.kind == "cpu_gpu" else ""]
-            self.fill(seq.device, len(state.evictor))
+            self.fill(seq.device, len(self.model_state(seq.device).evictor))
         step = self.run("allocate_immutable_blocks", prev_block=None, block_token_ids=prompt,
                         extra_hash=seq.extra_hash, **self.alloc_args(seq.device))
         if self.ok():
@@ -757,8 +759,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         handle = self.handle(seq.names[-1])
         if handle.content_key is None:
             return True
-        label = seq.device if self.d.kind == "cpu_gpu" else ""
-        block = self.d.model_states()[label].blocks.get(handle.block_id)
+        block = self.model_state(seq.device).blocks.get(handle.block_id)
         return block is None or block.refcount <= 1
 
     @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
