@@ -21,11 +21,11 @@ def constant(parent: Optional[int], token_ids: Sequence[int], extra: Optional[in
     return 42
 
 
-def six_bit(parent: Optional[int], token_ids: Sequence[int], extra: Optional[int]) -> int:
-    """SHA-256 truncated to 6 bits (64 values: the birthday bound is ~10
-    contents, a few examples' worth).  SHA-256, not the per-process builtin
+def eight_bit(parent: Optional[int], token_ids: Sequence[int], extra: Optional[int]) -> int:
+    """SHA-256 truncated to 8 bits (256 values: two contents an example
+    meets collide only now and then).  SHA-256, not the per-process builtin
     hash, so every run of a given seed sees the same collisions."""
-    return sha256_hash(parent, token_ids, extra) & 0x3F
+    return sha256_hash(parent, token_ids, extra) & 0xFF
 
 
 def polynomial(parent: Optional[int], token_ids: Sequence[int], extra: Optional[int]) -> int:
