@@ -97,6 +97,21 @@ def test_a_fault_exits_1_replays_and_a_baseline_knows_it(tmp_path: Path) -> None
     assert [k["signature"] for k in known] == [finding["signature"]]
 
 
+
+def test_two_workers_find_a_fault_and_report_it_once(tmp_path: Path) -> None:
+    """``--workers 2``: both workers search the pool, and a fault both may meet
+    is one finding, shrunk, in one report."""
+    result = run_cli("fuzz", "--api", "v1", "--no-mistakes", "--workers", "2", "--seconds",
+                     "12", "--quiet", "--target", "helpers.v1_faults:CachedFreedToFront",
+                     "--json", "report.json", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["workers"] == 2, report.get("workers")
+    signatures = [f["signature"] for f in report["findings"]]
+    assert "conformance/free_blocks/state:free_queue" in signatures
+    assert len(signatures) == len(set(signatures)), signatures
+    assert all(f["shrunk"] for f in report["findings"])
+
 # -- the driver's verdicts on hand-made traces ------------------------------------------------
 
 def _trace(steps: List[Dict[str, Any]], num_blocks: int = 4, size: int = 2) -> Trace:
