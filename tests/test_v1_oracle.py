@@ -7,12 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import unittest
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from helpers.v1_faults import CachedFreedToFront
 
 from prefixcache.bench.v1_corpus import VARIANTS, judge
+from prefixcache.oracle.conformance import conformance_test
 from prefixcache.oracle.mistakes import OracleError
 from prefixcache.oracle.replay import replay
 from prefixcache.oracle.trace import Step, Trace, render
@@ -237,3 +240,36 @@ def test_a_refused_call_that_changes_nothing_is_not_reported() -> None:
     strict = replay(_trace(steps), semantics=V1_PRESETS["prefixcache"]).violation
     assert strict is not None
     assert strict.signature == "robustness/cache_full_blocks/not-ValueError:already-cached"
+
+
+# -- conformance_test(api="v1") ------------------------------------------------------------------
+
+def _run_case(case: type) -> Any:
+    result = unittest.TestResult()
+    unittest.defaultTestLoader.loadTestsFromTestCase(case).run(result)
+    return result
+
+
+def test_conformance_test_judges_a_v1_pool() -> None:
+    """The pytest entry point with ``api="v1"``: vLLM 0.34.0's pool passes
+    on valid calls; a pool with a planted fault fails, naming the state it
+    got wrong."""
+    clean = _run_case(conformance_test(api="v1", mistakes=False, profile="dev"))
+    assert clean.wasSuccessful(), clean.failures + clean.errors
+    faulty = _run_case(conformance_test(CachedFreedToFront, api="v1", mistakes=False,
+                                        profile="dev"))
+    [(_, report)] = faulty.failures + faulty.errors
+    assert "free_queue" in report, report[-2000:]
+
+
+@pytest.mark.parametrize("options,says", [
+    (dict(api="v2"), "api must be 'v0' or 'v1'"),
+    (dict(api="v1", semantics="vllm-0.8.5"), "not a preset of api 'v1'"),
+    (dict(semantics="vllm-0.34.0"), "not a preset of api 'v0'"),
+    (dict(api="v1", kind="naive"), "concern v0 allocators"),
+    (dict(api="v1", strict=False), "concern v0 allocators"),
+])
+def test_conformance_test_refuses_options_of_the_other_api(options: Dict[str, Any],
+                                                           says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        conformance_test(**options)
