@@ -132,12 +132,12 @@ class BlockTracker:
 
     def __init__(self, times: Any = None, held: Any = None, block_id: BlockId = 0) -> None:
         """A tracker of the slot ``block_id`` of the tables ``times`` and
-        ``held`` (which the caller has set to -1 and None), or of tables of
-        its own when they are not given."""
+        ``held`` (which the caller has set to -1 and None), or of one-slot
+        tables of its own when ``times`` is not given."""
         self.active: bool = False
         self.computed: bool = False
-        if times is None or held is None:
-            times, held, block_id = [_DEFAULT_LAST_ACCESSED_TIME], [None], 0
+        if times is None:
+            times, held = [_DEFAULT_LAST_ACCESSED_TIME], [None]
         self._times = times
         self._held = held
         self._id = block_id
@@ -189,9 +189,10 @@ _FLAT_SLACK = 1024
 
 def id_tables(ids: List[BlockId]) -> Tuple[Any, Any]:
     """The flat tables of access times (each -1) and held ids (each None),
-    indexed by id: lists (with unused slots where no id is managed) when
-    every id is an int from 0 to about twice the pool's size, as a list index
-    costs less than a dict lookup; else dicts keyed by the ids.  Either way
+    indexed by id: lists (with unused slots where no id is managed) when no
+    id is negative and the largest is below ``2 * len(ids) + 1024``
+    (:data:`_FLAT_SLACK`), as a list index costs less than a dict lookup;
+    else dicts keyed by the ids.  Either way
     ``held[x] is x`` only for a managed id ``x`` held in use: any other
     ``x`` raises, or finds None, or another id's object (a negative index
     counts from a list's end)."""

@@ -918,7 +918,10 @@ def test_flat_tables_lists_or_dicts_and_ids_that_index_them_wrongly() -> None:
     # or far ids: dicts.  The trackers read and write their slots.
     near = make(4, 2, block_ids=range(6, 10))
     assert near._times == [-1] * 10 and near._held == [None] * 10
-    for ids in ([-3, 0, 5, 1], [0, 1, 2, 10**9]):
+    assert make(4, 2)._times == [-1] * 4 and make(4, 2)._held == [None] * 4
+    edge = make(4, 2, block_ids=[0, 1, 2, 2 * 4 + 1024 - 1])  # the largest id a list takes
+    assert edge._held == [None] * (2 * 4 + 1024)
+    for ids in ([-3, 0, 5, 1], [0, 1, 2, 10**9], [0, 1, 2, 2 * 4 + 1024]):
         far = make(4, 2, block_ids=ids)
         assert far._times == dict.fromkeys(ids, -1) and far._held == dict.fromkeys(ids)
         x = far.allocate_immutable_block(None, [1, 2])
