@@ -312,16 +312,12 @@ def figures_text(lines: Sequence[str], counts: Counter[str],
     """The section FIGURES_HEADING for a campaign's results: when and on what
     it ran, the printed summary ``lines``, the statuses, the kills per file,
     the listed equivalents and the survivors not listed."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "impl", "tests"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     command = "python bench/mutation.py" + (" --resume" if resumed else "")
-    at = f"{commit}" + (" (impl/ or tests/ changed since)" if dirty else "")
     out = [FIGURES_HEADING, "",
-           f"Written by `{command}` at its end ({when}, at {at}); a whole campaign rewrites "
-           "this section, up to the next heading.", ""]
+           f"Written by `{command}` at its end ({when}); the tree it copied at its start was "
+           f"{TREE_AT_START}.  A whole campaign rewrites this section, up to the next heading.",
+           ""]
     out += [f"- {line}" for line in lines]
     out += ["", "| status | mutants |", "|---|---:|"]
     out += [f"| {status} | {n:,} |" for status, n in counts.most_common()]
@@ -425,7 +421,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return report(load_results(), args, seconds)
 
 
+def tree_version() -> str:
+    """The commit of the working tree, and whether impl/ or tests/ differ from
+    it ("unknown" without git)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "impl", "tests"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (commit or "unknown") + (" with changes to impl/ or tests/" if dirty else "")
+
+
 START = time.monotonic()
+#: What the campaign copies into ./mutants/: the tree as it is when the script starts.
+TREE_AT_START = tree_version()
 
 if __name__ == "__main__":
     sys.exit(main())
