@@ -277,20 +277,77 @@ def report(mutants: List[Mutant], args: argparse.Namespace, seconds: Optional[fl
         for m in unexplained:
             print(skeleton(m, diffs[m.name]))
     print()
+    lines: List[str] = []
     if seconds is not None:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = usage.ru_utime + usage.ru_stime
-        print(f"campaign wall time: {seconds:.0f} s ({seconds / 60:.1f} min), "
-              f"--max-children {args.max_children}, load average {os.getloadavg()[0]:.2f}; "
-              f"CPU time {cpu:.0f} s (at least {cpu / args.max_children / 60:.1f} min "
-              f"on {args.max_children} idle cores)")
+        lines.append(f"campaign wall time: {seconds:.0f} s ({seconds / 60:.1f} min), "
+                     f"--max-children {args.max_children}, load average "
+                     f"{os.getloadavg()[0]:.2f}; CPU time {cpu:.0f} s (at least "
+                     f"{cpu / args.max_children / 60:.1f} min on {args.max_children} idle cores)")
     if total:
-        print(f"score with the listed equivalents set aside: {killed}/{total - len(listed)} "
-              f"({100 * killed / max(1, total - len(listed)):.1f}%); "
-              f"killed {100 * killed / total:.1f}% of all")
-    print(f"mutation score: {killed}/{total} killed")
+        lines.append(f"score with the listed equivalents set aside: {killed}/"
+                     f"{total - len(listed)} ({100 * killed / max(1, total - len(listed)):.1f}%); "
+                     f"killed {100 * killed / total:.1f}% of all")
+    lines.append(f"mutation score: {killed}/{total} killed")
+    print("\n".join(lines))
+    if seconds is not None and not args.names:  # a whole campaign: its figures are the file's
+        write_figures(figures_text(
+            lines, counts, [(p, kills_by_file[p], by_file[p]) for p in sorted(by_file)],
+            len(listed), not_run, [m.name for m in unexplained],
+            [e.name for e in stale], len(unchecked), args.resume))
+        print(f"(written to {EQUIVALENTS.relative_to(ROOT)}, section '{FIGURES_HEADING}')")
     failed = bool(unexplained or unchecked) or not killed or killed < args.min_score * total
     return 1 if failed else 0
+
+
+#: The section of bench/MUTATION.md that a whole campaign rewrites, up to the next heading.
+FIGURES_HEADING = "## The latest whole campaign"
+
+
+def figures_text(lines: Sequence[str], counts: Counter[str],
+                 files: Sequence[Tuple[str, int, int]], listed: int, not_run: int,
+                 unexplained: Sequence[str], stale: Sequence[str], unchecked: int,
+                 resumed: bool) -> str:
+    """The section FIGURES_HEADING for a campaign's results: when and on what
+    it ran, the printed summary ``lines``, the statuses, the kills per file,
+    the listed equivalents and the survivors not listed."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    command = "python bench/mutation.py" + (" --resume" if resumed else "")
+    out = [FIGURES_HEADING, "",
+           f"Written by `{command}` at its end ({when}); the tree it copied at its start was "
+           f"{TREE_AT_START}.  A whole campaign rewrites this section, up to the next heading.",
+           ""]
+    out += [f"- {line}" for line in lines]
+    out += ["", "| status | mutants |", "|---|---:|"]
+    out += [f"| {status} | {n:,} |" for status, n in counts.most_common()]
+    out += ["", "| file | killed / mutants |", "|---|---:|"]
+    out += [f"| {Path(path).name} | {kills:,}/{n:,} |" for path, kills, n in files]
+    out += ["", f"Listed as equivalent below and matched: {listed} ({not_run} not run). "
+            f"Survivors not listed: {len(unexplained)}"
+            + (": " + ", ".join(f"`{name}`" for name in unexplained) if unexplained else "")
+            + "."]
+    if stale:
+        out += ["", f"Listed below but not surviving now (killed, renamed or gone): {len(stale)}: "
+                + ", ".join(f"`{name}`" for name in stale) + "."]
+    if unchecked:
+        out += ["", f"Not run (an interrupted campaign): {unchecked}."]
+    return "\n".join(out) + "\n"
+
+
+def write_figures(text: str, path: Path = EQUIVALENTS) -> None:
+    """Put ``text`` in ``path`` in place of its FIGURES_HEADING section (up to
+    the next ``## `` heading), or before ``## Equivalent mutants`` if it has none."""
+    document = path.read_text(encoding="utf-8") if path.exists() else ""
+    section = re.compile(rf"^{re.escape(FIGURES_HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if section.search(document):
+        document = section.sub(lambda _: text + "\n", document, count=1)
+    elif "\n## Equivalent mutants" in document:
+        head, _, tail = document.partition("\n## Equivalent mutants")
+        document = head + "\n" + text + "\n## Equivalent mutants" + tail
+    else:
+        document += "\n" + text
+    path.write_text(document, encoding="utf-8")
 
 
 def smoke(args: argparse.Namespace) -> int:
@@ -364,7 +421,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return report(load_results(), args, seconds)
 
 
+def tree_version() -> str:
+    """The commit of the working tree, and whether impl/ or tests/ differ from
+    it ("unknown" without git)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "impl", "tests"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (commit or "unknown") + (" with changes to impl/ or tests/" if dirty else "")
+
+
 START = time.monotonic()
+#: What the campaign copies into ./mutants/: the tree as it is when the script starts.
+TREE_AT_START = tree_version()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -120,16 +120,45 @@ class BlockTracker:
 
     ``held``: while the allocator holds the id in use, the very int object
     it handed out as that id (None otherwise, and always None for a tracker
-    enabled by :meth:`enable`), so that ``trackers[x].held is x`` proves in
-    one test that ``x`` is an int, managed here and in use."""
+    enabled by :meth:`enable`), so that ``held is x`` proves in one test
+    that ``x`` is an int, managed here and in use.
 
-    __slots__ = ("active", "last_accessed", "computed", "held")
+    ``last_accessed`` and ``held`` live in flat tables indexed by id, the
+    allocator's (see :func:`id_tables`), so that ``mark_blocks_as_accessed``
+    tests and writes them without touching the tracker objects; a tracker
+    made without tables has one-slot tables of its own."""
 
-    def __init__(self) -> None:
+    __slots__ = ("active", "computed", "_times", "_held", "_id")
+
+    def __init__(self, times: Any = None, held: Any = None, block_id: BlockId = 0) -> None:
+        """A tracker of the slot ``block_id`` of the tables ``times`` and
+        ``held`` (which the caller has set to -1 and None), or of one-slot
+        tables of its own when ``times`` is not given."""
         self.active: bool = False
-        self.last_accessed: float = _DEFAULT_LAST_ACCESSED_TIME
         self.computed: bool = False
-        self.held: Optional[int] = None
+        if times is None:
+            times, held = [_DEFAULT_LAST_ACCESSED_TIME], [None]
+        self._times = times
+        self._held = held
+        self._id = block_id
+
+    @property
+    def last_accessed(self) -> float:
+        """The id's access time (-1 until marked)."""
+        return self._times[self._id]  # type: ignore[no-any-return]
+
+    @last_accessed.setter
+    def last_accessed(self, value: float) -> None:
+        self._times[self._id] = value
+
+    @property
+    def held(self) -> Optional[int]:
+        """The id object while the allocator holds it in use, else None."""
+        return self._held[self._id]  # type: ignore[no-any-return]
+
+    @held.setter
+    def held(self, value: Optional[int]) -> None:
+        self._held[self._id] = value
 
     def enable(self) -> None:
         """Start tracking (the tracker must be inactive); reset the fields."""
@@ -150,6 +179,27 @@ class BlockTracker:
         """``last_accessed = -1`` and ``computed = False``."""
         self.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         self.computed = False
+
+
+#: How far past the pool's size ids may reach for the flat tables to be lists
+#: (beyond it, dicts serve): the CPU pool of a pair has ids from the GPU
+#: pool's size on.
+_FLAT_SLACK = 1024
+
+
+def id_tables(ids: List[BlockId]) -> Tuple[Any, Any]:
+    """The flat tables of access times (each -1) and held ids (each None),
+    indexed by id: lists (with unused slots where no id is managed) when no
+    id is negative and the largest is below ``2 * len(ids) + 1024``
+    (:data:`_FLAT_SLACK`), as a list index costs less than a dict lookup;
+    else dicts keyed by the ids.  Either way
+    ``held[x] is x`` only for a managed id ``x`` held in use: any other
+    ``x`` raises, or finds None, or another id's object (a negative index
+    counts from a list's end)."""
+    if ids and min(ids) >= 0 and max(ids) < 2 * len(ids) + _FLAT_SLACK:
+        size = max(ids) + 1
+        return [_DEFAULT_LAST_ACCESSED_TIME] * size, [None] * size
+    return dict.fromkeys(ids, _DEFAULT_LAST_ACCESSED_TIME), dict.fromkeys(ids)
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
@@ -205,8 +255,11 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._refcounter = self._hashless_allocator.refcounter
         self._refcounts = self._refcounter._refcounts
         # one tracker per id, from the start (vLLM's tests count them)
+        # the access times and held ids, flat (the trackers read them there)
+        self._times, self._held = id_tables(list(self._refcounts))
         self._block_tracker: Dict[BlockId, BlockTracker] = {
-            block_id: BlockTracker() for block_id in self._refcounts}
+            block_id: BlockTracker(self._times, self._held, block_id)
+            for block_id in self._refcounts}
         self._cached_blocks: Dict[int, BlockId] = {}
         self._touched_blocks: Set[BlockId] = set()
         self._cow_tracker = CopyOnWriteTracker(self._refcounter.as_readonly())
@@ -491,9 +544,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._refcounts[block_id] = 1
         tracker = self._block_tracker[block_id]
         tracker.active = True
-        tracker.held = block_id
-        tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         tracker.computed = False
+        self._held[block_id] = block_id
+        self._times[block_id] = _DEFAULT_LAST_ACCESSED_TIME
         return block_id
 
     def _acquire_cached(self, block_id: BlockId) -> None:
@@ -506,9 +559,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             self.evictor.remove(block_id)
             tracker = self._block_tracker[block_id]
             tracker.active = True
-            tracker.held = block_id
-            tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
             tracker.computed = block_id not in self._touched_blocks
+            self._held[block_id] = block_id
+            self._times[block_id] = _DEFAULT_LAST_ACCESSED_TIME
 
     def _release_hashless(self, block_id: BlockId) -> None:
         """One reference less to a mutable id; at 0 it is free (on the left)."""
@@ -521,9 +574,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def _untrack(self, block_id: BlockId) -> None:
         tracker = self._block_tracker[block_id]
         tracker.active = False
-        tracker.held = None
-        tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         tracker.computed = False
+        self._held[block_id] = None
+        self._times[block_id] = _DEFAULT_LAST_ACCESSED_TIME
 
     def _release_block(self, block: PrefixCachingBlock, block_id: BlockId) -> None:
         """Drop ``block``'s reference to ``block_id``.  At 0 an immutable id
@@ -537,16 +590,17 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         refcounts[block_id] = count
         if count:
             return
-        tracker = self._block_tracker[block_id]
+        times = self._times
         if self._cached_blocks.get(content_hash) == block_id:  # type: ignore[arg-type]
             self.evictor.add(block_id, content_hash, block._num_tokens_total,  # type: ignore[arg-type]
-                             tracker.last_accessed)
+                             times[block_id])
         else:
             self._free_ids.appendleft(block_id)
+        tracker = self._block_tracker[block_id]
         tracker.active = False
-        tracker.held = None
-        tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
         tracker.computed = False
+        self._held[block_id] = None
+        times[block_id] = _DEFAULT_LAST_ACCESSED_TIME
 
     def _pooled_block(
         self, prev_block: Optional[Block], token_ids: List[int], block_id: BlockId,
@@ -668,9 +722,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                     self.evictor.remove(cached_id)
                     tracker = self._block_tracker[cached_id]
                     tracker.active = True
-                    tracker.held = cached_id
-                    tracker.last_accessed = _DEFAULT_LAST_ACCESSED_TIME
                     tracker.computed = cached_id not in touched
+                    self._held[cached_id] = cached_id
+                    self._times[cached_id] = _DEFAULT_LAST_ACCESSED_TIME
                 block = self._pooled_block(prev_block, token_ids, cached_id, extra_hash)
                 block._computed = True
             else:
@@ -917,15 +971,16 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         in the evictor (which reorders).  All or nothing: an unknown id
         raises UnknownBlockIdError (a KeyError), a free id
         BlockNotOnDeviceError (a ValueError)."""
-        trackers = self._block_tracker
-        if type(block_ids) is list and (type(now) is float or type(now) is int) and now == now:
+        held = self._held
+        if block_ids.__class__ is list and (type(now) is float or type(now) is int) and now == now:
             try:
                 for block_id in block_ids:
-                    if trackers[block_id].held is not block_id:
+                    if held[block_id] is not block_id:
                         break
                 else:  # the common case: every id is one this allocator holds in use
+                    times = self._times
                     for block_id in block_ids:
-                        trackers[block_id].last_accessed = now
+                        times[block_id] = now
                     return
             except Exception:  # an unknown or unhashable id: the checks below name the mistake
                 pass
@@ -977,7 +1032,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         except Exception:  # not one item: the checks below
             pass
         else:
-            if only.__class__ is list is computed_seq_block_ids.__class__:
+            if only.__class__ is list and computed_seq_block_ids.__class__ is list:
                 return only  # the common case, already checked
         check_list_of_lists(computed_seq_block_ids, "computed_seq_block_ids")
         if len(computed_seq_block_ids) == 1:

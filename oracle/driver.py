@@ -542,8 +542,9 @@ class Driver:
 
     # -- comparing the states --------------------------------------------------------------
 
-    def _record_contents(self) -> None:
-        for name in self.live_names():
+    def _record_contents(self, live: List[str]) -> None:
+        """Note the content key and hash of each of the ``live`` Blocks not noted yet."""
+        for name in live:
             handle = self.handles[name]
             key = getattr(handle, "content_key", None)
             if key is not None and name not in self.keys:
@@ -609,9 +610,9 @@ class Driver:
                 raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks"
                                  f"({label}) is {t_free} in the target, {m_free} in the spec",
                                  "free-count")
-        self._record_contents()
+        self._record_contents(live)
         if self.white and self.state_checks:
-            self._compare_states(step, unchanged)
+            self._compare_states(step, unchanged, [self.blocks[n] for n in live])
         self._note_events()
 
     def _free_counts(self) -> Dict[str, Tuple[int, int]]:
@@ -629,8 +630,11 @@ class Driver:
     def _live_target_blocks(self) -> List[Any]:
         return [self.blocks[n] for n in self.live_names()]
 
-    def _target_states(self) -> Dict[str, AbstractState]:
-        live = self._live_target_blocks()
+    def _target_states(self, live: Optional[List[Any]] = None) -> Dict[str, AbstractState]:
+        """The target's abstract state per device; ``live``: the live Blocks
+        (default: listed afresh)."""
+        if live is None:
+            live = self._live_target_blocks()
         states: Dict[str, AbstractState] = {}
         for label, alloc in self.sub_allocators().items():
             ids = alloc.all_block_ids
@@ -644,13 +648,15 @@ class Driver:
                                  f"spells: {exc}", "unnamed-hash") from exc
         return states
 
-    def _compare_states(self, step: Step, unchanged: bool) -> None:
-        states = self._target_states()  # feeds the ledger first
+    def _compare_states(self, step: Step, unchanged: bool, live: List[Any]) -> None:
+        """The target's state against the model's (and, after a refusal,
+        against its own before the step), every invariant on it; ``live``:
+        the live Blocks."""
+        states = self._target_states(live)  # feeds the ledger first
         if self.ledger.collisions or self.ledger.conflicts:
             raise self._fail("integrity", "; ".join(self.ledger.anomalies()),
                              "collision" if self.ledger.collisions else "shared-id")
         models = self.model_states()
-        live = self._live_target_blocks()
         for label, state in states.items():
             if unchanged and self._before is not None and label in self._before:
                 # the option failed_query_counted lets a refusal count its queries
@@ -748,6 +754,8 @@ def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool,
     where two states differ, or ("", "") when they agree.  The part names the
     field of :class:`AbstractState`, and for ``blocks`` the field of the id's
     state."""
+    if a == b:  # the common case: equal fields agree however they are compared below
+        return "", ""
     for f in fields(AbstractState):
         if f.name in ignore:
             continue

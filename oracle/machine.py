@@ -42,6 +42,7 @@ from hypothesis import event, target
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from ..spec.error_table import ErrorCase
 from ..spec.semantics import Semantics
 from .driver import Driver
 from .held import Seq
@@ -122,10 +123,13 @@ class OutOfTime(KeyboardInterrupt):
     example, which would make later examples look inconsistent)."""
 
 
-def machine_rule(*, swarm: bool = True, **strategies: Any) -> Callable[[Callable[..., None]],
-                                                                      Any]:
+def machine_rule(*, when: Optional[Callable[[Any], Any]] = None, swarm: bool = True,
+                 **strategies: Any) -> Callable[[Callable[..., None]], Any]:
     """``@rule(**strategies)`` whose body does nothing once the example is
-    halted, and (``swarm``) which a swarm example may switch off."""
+    halted, which runs only ``when`` the machine's state allows it (a
+    precondition) and (``swarm``) which a swarm example may switch off.
+    Both tests are one precondition, a named function: Hypothesis pays per
+    precondition at every rule choice, and more for a lambda's description."""
 
     def decorate(body: Callable[..., None]) -> Any:
         @functools.wraps(body)
@@ -138,9 +142,16 @@ def machine_rule(*, swarm: bool = True, **strategies: Any) -> Callable[[Callable
                 pass
 
         made: Any = cast(Any, rule(**strategies))(run)
-        if swarm:
-            made = precondition(lambda self: body.__name__ not in self.off)(made)
-        return made
+        name = body.__name__
+        if not swarm and when is None:
+            return made
+
+        def allowed(self: AllocatorMachine) -> Any:
+            if swarm and name in self.off:
+                return False
+            return True if when is None else when(self)
+
+        return precondition(allowed)(made)
 
     return decorate
 
@@ -158,7 +169,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.swapped: List[Seq] = []
         self.detached: List[str] = []
         self.history: List[List[str]] = []
-        self.mistake_rank: Optional[Dict[str, int]] = None
+        self.mistake_order: Optional[List[ErrorCase]] = None  # the rows, this example's order
         self.off: frozenset[str] = frozenset()
         self.halted = False
         self.reached: Set[str] = set()
@@ -344,8 +355,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.seqs.append(seq)
             self.history.append(seq.names)
 
-    @precondition(lambda self: self.d.trace.num_blocks >= LONG_POOL)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.d.trace.num_blocks >= LONG_POOL, data=st.data())
     def long_chain(self, data: st.DataObject) -> None:
         """A chain longer than Python's recursion limit, in one call (a long
         document), forked, counted and asked about: every call that walks a
@@ -368,8 +378,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.run("free", block=step.out[-1])
         self.halted = True
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def append(self, data: st.DataObject) -> None:
         """Decode: append tokens to a sequence's last block (a new mutable
         block first when it is full); filling a block promotes it, a
@@ -388,8 +397,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.run("append_token_ids", block=seq.names[-1], token_ids=tokens)
         self.decoding.add(seq.serial)
 
-    @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
-    @machine_rule(data=st.data())
+    @machine_rule(data=st.data(),
+                  when=lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
     def block_after_partial(self, data: st.DataObject) -> None:
         """A new block after a block that is not full, then filled: it has no
         content hash and shares with nothing, whatever its tokens (vLLM
@@ -405,8 +414,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         tokens = data.draw(st.lists(TOKENS, min_size=size, max_size=size), label="tokens")
         self.run("append_token_ids", block=step.out[0], token_ids=tokens)
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def fork(self, data: st.DataObject) -> None:
         """Parallel sampling: a new sequence sharing every block."""
         seq = self.pick(data, self.seqs)
@@ -415,8 +423,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             self.seqs.append(Seq(step.out, seq.extra_hash, seq.device))
             self.history.append(step.out)
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def free(self, data: st.DataObject) -> None:
         """A sequence ends: free its blocks (first to last, or the reverse);
         sometimes keep the Block objects (they stay detached)."""
@@ -432,8 +439,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             else:
                 self.run("free", block=name)
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def mark_accessed(self, data: st.DataObject) -> None:
         """Record an access time for a sequence's blocks (ties and
         out-of-order times on purpose)."""
@@ -519,8 +525,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         if self.ok():
             self._hold(Seq(step.out, seq.extra_hash, seq.device))
 
-    @precondition(lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
-    @machine_rule(data=st.data())
+    @machine_rule(data=st.data(),
+                  when=lambda self: any(not self.handle(s.names[-1]).is_full for s in self.seqs))
     def fork_and_diverge(self, data: st.DataObject) -> None:
         """Parallel sampling that diverges at once: fork a sequence whose
         last block is partial and append to the copy (copy-on-write)."""
@@ -535,8 +541,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
         self.run("append_token_ids", block=copy.names[-1], token_ids=tokens)
 
-    @precondition(lambda self: any(self.handle(s.names[0]).is_full for s in self.seqs))
-    @machine_rule(data=st.data())
+    @machine_rule(data=st.data(),
+                  when=lambda self: any(self.handle(s.names[0]).is_full for s in self.seqs))
     def duplicate_by_append(self, data: st.DataObject) -> None:
         """Fill a new mutable block with the tokens of a cached first block:
         promotion onto an already cached block (the new id is released)."""
@@ -551,15 +557,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.history.append(copy.names)
         self.run("append_token_ids", block=copy.names[0], token_ids=tokens)
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def mark_accessed_then_free(self, data: st.DataObject) -> None:
         """vLLM's order at the end of a request: mark accessed, then free."""
         self.mark_accessed(data)
         self.free(data)
 
-    @precondition(lambda self: any(len(s.names) > 1 for s in self.seqs))
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: any(len(s.names) > 1 for s in self.seqs), data=st.data())
     def age_a_prefix(self, data: st.DataObject) -> None:
         """Give the first blocks of a sequence an older access time than
         the rest, then free it: its prefix is evicted before its tail, so
@@ -581,8 +585,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         """The scheduled batch ran: touched blocks become computed."""
         self.run("mark_blocks_as_computed", block_ids=[])
 
-    @precondition(lambda self: self.history)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.history, data=st.data())
     def find_cached_prefix(self, data: st.DataObject) -> None:
         """Ask how much of a chain (live or long freed) is cached and
         computed; sometimes in a list reused for other chains, rewritten
@@ -601,8 +604,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             args["device"] = "GPU"
         self.run("find_cached_blocks_prefix", **args)
 
-    @precondition(lambda self: self.history)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.history, data=st.data())
     def scheduler_step(self, data: st.DataObject) -> None:
         """As vLLM's scheduler does every step: ask how much of each recent
         sequence (running, or preempted and waiting) is cached and computed,
@@ -617,8 +619,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             names = [n for n in chain if n in self.d.keys]
             self.ask_cached_prefix(names, position if per_position else None)
 
-    @precondition(lambda self: self.d.trackers is not None and (self.seqs or self.swapped))
-    @machine_rule(data=st.data())
+    @machine_rule(data=st.data(),
+                  when=lambda self: self.d.trackers is not None and (self.seqs or self.swapped))
     def block_manager(self, data: st.DataObject) -> None:
         """vLLM's block manager's helpers around the allocator: cached-token
         counts (``cached_tokens``) or deferred access marks
@@ -695,8 +697,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                          else ids)
         self.run("get_common_computed_block_ids", computed_seq_block_ids=lists)
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def full_blocks_touched(self, data: st.DataObject) -> None:
         """How many of a sequence's full blocks would need an id."""
         seq = self.pick(data, self.seqs)
@@ -718,8 +719,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                                   unique=True), label="with")
         return [first] + [others[i] for i in more]
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs, data=st.data())
     def swap(self, data: st.DataObject) -> None:
         """Preemption by swapping: out of the device (kept, detached), or,
         for a device pair, across to the other device; one sequence or a
@@ -740,8 +740,7 @@ class AllocatorMachine(RuleBasedStateMachine):
                 self.seqs.remove(seq)
                 self.swapped.append(seq)
 
-    @precondition(lambda self: self.swapped)
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.swapped, data=st.data())
     def swap_in(self, data: st.DataObject) -> None:
         """Resume swapped-out sequences, one or a group in one call: every
         block gets an id again."""
@@ -762,8 +761,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         block = self.model_state(seq.device).blocks.get(handle.block_id)
         return block is None or block.refcount <= 1
 
-    @precondition(lambda self: self.seqs and self.d.kind != "cpu_gpu")
-    @machine_rule(data=st.data())
+    @machine_rule(when=lambda self: self.seqs and self.d.kind != "cpu_gpu", data=st.data())
     def copy_on_write(self, data: st.DataObject) -> None:
         """Ask for a writable id for a sequence's last block (a device
         pair has no such call: its Blocks copy on append)."""
@@ -771,8 +769,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if writable:
             self.run("cow_block_if_not_appendable", block=self.pick(data, writable).names[-1])
 
-    @precondition(lambda self: self.seqs)
-    @machine_rule()
+    @machine_rule(when=lambda self: self.seqs)
     def drain(self) -> None:
         """Every sequence ends; then the whole cache can be reset."""
         for seq in list(self.seqs):
@@ -816,8 +813,8 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # -- caller mistakes ------------------------------------------------------------
 
-    @precondition(lambda self: self.config.mistakes and self.d.trace.num_blocks < LONG_POOL)
-    @machine_rule(swarm=False, data=st.data())
+    @machine_rule(swarm=False, data=st.data(),
+                  when=lambda self: self.config.mistakes and self.d.trace.num_blocks < LONG_POOL)
     def caller_mistakes(self, data: st.DataObject) -> None:
         """Caller mistakes, one to twelve different ones in a row (the
         catalogue has dozens of rows, every other rule is one operation):
@@ -826,21 +823,20 @@ class AllocatorMachine(RuleBasedStateMachine):
         order shuffled once per example, so that the rows Hypothesis
         favours differ between examples.  Not in a long-chain example: some
         mistakes first fill the pool, one step per id."""
-        table_rows = rows_for(self.d.kind)
-        if self.mistake_rank is None:  # each example favours other rows
+        if self.mistake_order is None:  # each example favours other rows
+            table_rows = rows_for(self.d.kind)
             seed = data.draw(st.integers(0, 2**32 - 1), label="order of the rows")
             order = [r.key for r in table_rows]
             random.Random(seed).shuffle(order)
-            self.mistake_rank = {key: i for i, key in enumerate(order)}
-        rank = self.mistake_rank
-        done: List[str] = []
+            rank = {key: i for i, key in enumerate(order)}
+            self.mistake_order = sorted(table_rows, key=lambda r: rank[r.key])
+        left = self.mistake_order  # the rows not made yet in this call, in order
         for _ in range(data.draw(st.integers(1, 12), label="how many")):
-            rows = sorted((r for r in possible_rows(self, table_rows) if r.key not in done),
-                          key=lambda r: rank[r.key])
+            rows = possible_rows(self, left)
             if not rows:
                 return
             row = data.draw(st.sampled_from(rows), label="mistake")
-            done.append(row.key)
+            left = [r for r in left if r is not row]
             label = provoke(self, row, data)
             if label is not None:
                 event(label)

@@ -130,15 +130,16 @@ def _evictor_module(alloc: Any) -> Any:
     target uses: its evictor's, its class's (or a base class's), or
     ``evictor`` beside or above their package."""
     own = getattr(alloc, "evictor", None)
-    return _evictor_module_of(("" if own is None else type(own).__module__,
-                               *(c.__module__ for c in type(alloc).__mro__)))
+    classes: Tuple[Any, Any] = (None if own is None else type(own), type(alloc))
+    return _evictor_module_of(*classes)
 
 
 @functools.cache
-def _evictor_module_of(modules: Tuple[str, ...]) -> Any:
-    """``_evictor_module`` given the evictor's module ("" without one) and
-    those of the allocator's classes (looked up once per tuple)."""
-    modules = tuple(m for m in modules if m)
+def _evictor_module_of(evictor_class: Any, alloc_class: Any) -> Any:
+    """``_evictor_module`` given the evictor's class (None without one) and
+    the allocator's (looked up once per pair)."""
+    modules = tuple(m for m in ("" if evictor_class is None else evictor_class.__module__,
+                                *(c.__module__ for c in alloc_class.__mro__)) if m)
     names = list(modules)
     for module_name in modules:
         package = module_name.rpartition(".")[0]
@@ -916,8 +917,14 @@ PROVOKERS: Dict[str, Provoker] = {
 def rows_for(kind: str) -> List[ErrorCase]:
     """The error table's rows that apply to a target of ``kind`` and have
     a provoker (tests/test_oracle_mistakes.py checks that every row has)."""
-    return [row for row in ERROR_TABLE
-            if TABLE_KIND[kind] in row.applies_to and row.key in PROVOKERS]
+    return list(_rows_for(kind))
+
+
+@functools.cache
+def _rows_for(kind: str) -> Tuple[ErrorCase, ...]:
+    """:func:`rows_for`, worked out once per kind."""
+    return tuple(row for row in ERROR_TABLE
+                 if TABLE_KIND[kind] in row.applies_to and row.key in PROVOKERS)
 
 
 def possible_rows(m: Machine, rows: List[ErrorCase]) -> List[ErrorCase]:

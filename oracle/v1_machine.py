@@ -19,7 +19,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Set, Tuple, Ty
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition
+from hypothesis.stateful import RuleBasedStateMachine, initialize
 
 from ..model.v1_model import V1Model
 from ..spec.semantics import Semantics
@@ -123,9 +123,8 @@ class V1Machine(RuleBasedStateMachine):
         rest = need - len(old)
         return old + data.draw(st.lists(block, min_size=rest, max_size=rest), label="tokens")
 
-    @precondition(lambda self: self.held)
-    @machine_rule(data=st.data(), salt=SALTS, group=GROUPS, scale=st.sampled_from([1, 1, 2]),
-                  null=st.booleans())
+    @machine_rule(when=lambda self: self.held, data=st.data(), salt=SALTS, group=GROUPS,
+                  scale=st.sampled_from([1, 1, 2]), null=st.booleans())
     def cache(self, data: st.DataObject, salt: Optional[str], group: int, scale: int,
               null: bool) -> None:
         """``cache_full_blocks`` of held blocks (the null block first, now
@@ -148,8 +147,8 @@ class V1Machine(RuleBasedStateMachine):
         self.entries += [(tokens, salt, group, scale, k) for k in range(num_cached, num_full)
                          if ids[k] != 0]
 
-    @precondition(lambda self: bool(self.entries and set(self.held) - set(self.model.key_of)))
-    @machine_rule(data=st.data())
+    @machine_rule(data=st.data(), when=lambda self: bool(
+        self.entries and set(self.held) - set(self.model.key_of)))
     def duplicate(self, data: st.DataObject) -> None:
         """Cache a held, uncached block under a key cached before (a
         duplicate: two requests that filled a block alike)."""
@@ -186,8 +185,8 @@ class V1Machine(RuleBasedStateMachine):
         self.run("touch", blocks=ids)
         self.held += [i for i in ids if i != 0]
 
-    @precondition(lambda self: self.held)
-    @machine_rule(data=st.data(), evict_first=st.booleans(), null=st.booleans())
+    @machine_rule(when=lambda self: self.held, data=st.data(), evict_first=st.booleans(),
+                  null=st.booleans())
     def free(self, data: st.DataObject, evict_first: bool, null: bool) -> None:
         """``free_blocks`` of some held references, in any order (a request
         frees its tail first), with or without ``evict_first``."""
@@ -215,8 +214,7 @@ class V1Machine(RuleBasedStateMachine):
 
     # -- caller mistakes --------------------------------------------------------------------
 
-    @precondition(lambda self: self.config.mistakes)
-    @machine_rule(swarm=False, data=st.data())
+    @machine_rule(when=lambda self: self.config.mistakes, swarm=False, data=st.data())
     def caller_mistakes(self, data: st.DataObject) -> None:
         """One mistake of the v1 error table that can be made now (the driver
         notes in the step the row the model names)."""

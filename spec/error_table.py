@@ -17,6 +17,7 @@ allocator goes on serving.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Dict, List, Tuple, Type
 
 from prefixcache.impl.errors import (
@@ -57,7 +58,7 @@ class ErrorCase:
     applies_to: Tuple[str, ...] = BOTH
     tag: str = ""
 
-    @property
+    @cached_property
     def key(self) -> str:
         """The row's stable name, ``operation:tag`` (the oracle's coverage
         label is ``mistake:`` followed by it)."""

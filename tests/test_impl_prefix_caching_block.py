@@ -912,6 +912,37 @@ def test_mark_blocks_as_accessed_takes_any_equal_int_and_refuses_lookalikes() ->
     assert a._block_tracker[300].held == 300
 
 
+def test_flat_tables_lists_or_dicts_and_ids_that_index_them_wrongly() -> None:
+    # Ids from 0 to about twice the pool's size: the access times and held ids
+    # in lists indexed by id (unused slots where no id is managed); negative
+    # or far ids: dicts.  The trackers read and write their slots.
+    near = make(4, 2, block_ids=range(6, 10))
+    assert near._times == [-1] * 10 and near._held == [None] * 10
+    assert make(4, 2)._times == [-1] * 4 and make(4, 2)._held == [None] * 4
+    edge = make(4, 2, block_ids=[0, 1, 2, 2 * 4 + 1024 - 1])  # the largest id a list takes
+    assert edge._held == [None] * (2 * 4 + 1024)
+    for ids in ([-3, 0, 5, 1], [0, 1, 2, 10**9], [0, 1, 2, 2 * 4 + 1024]):
+        far = make(4, 2, block_ids=ids)
+        assert far._times == dict.fromkeys(ids, -1) and far._held == dict.fromkeys(ids)
+        x = far.allocate_immutable_block(None, [1, 2])
+        assert x.block_id == ids[0] and far._held[ids[0]] is x.block_id
+        far.mark_blocks_as_accessed([ids[0]], 2.0)
+        assert tracker_of(far, ids[0]) == (True, 2.0, False) and far._times[ids[0]] == 2.0
+        far._block_tracker[ids[0]].last_accessed = 3.0
+        assert far._times[ids[0]] == 3.0
+    # Ids that a list would answer for another id (negative ones count from
+    # its end), for none (an unmanaged one in range, past its end): refused.
+    x = near.allocate_immutable_block(None, [1, 2])
+    y = near.allocate_immutable_block(None, [3, 4])
+    near.mark_blocks_as_accessed([6, 7], 3.0)
+    assert near._times[6:8] == [3.0, 3.0] and near._held[6:8] == [6, 7]
+    for bad in (-4, -3, -1, 0, 5, 10, 10**30):
+        expect_rejected(near, err.UnknownBlockIdError,
+                        lambda bad=bad: near.mark_blocks_as_accessed([6, bad], 5.0),
+                        blocks=[x, y])
+    assert tracker_of(near, 6)[:2] == tracker_of(near, 7)[:2] == (True, 3.0)
+
+
 def test_common_cases_skip_the_checked_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     # Held ids with a float or int time, and one list of ids, are answered
     # without the one-by-one checks (the cost of strictness on the hot path).
