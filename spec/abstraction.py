@@ -21,7 +21,7 @@ hash-based allocator cannot see by itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from typing import (
     AbstractSet,
@@ -46,6 +46,7 @@ from .state import (
     BlockState,
     ContentKey,
     EvictorEntry,
+    HashedKey,
     PartialState,
 )
 
@@ -236,7 +237,7 @@ class ContentLedger:
         a :class:`Collision`) when the hash already names a different key."""
         known = self._names.get(content_hash)
         if known is None:
-            self._names[content_hash] = key
+            key = self._names[content_hash] = HashedKey(key)
         elif known != key:
             self.collisions.append(Collision(content_hash, known, key))
             return False
@@ -546,10 +547,10 @@ def _state(allocator: Any, ledger: ContentLedger,
     touched = frozenset(i for i in promoted if not computed(i))
 
     hits, misses = hits_and_misses(getattr(allocator, "metric_data", None))
-    hashless = getattr(allocator, "_hashless_allocator", None)
-    whole = AbstractState(
+    free = getattr(getattr(allocator, "_hashless_allocator", None), "_free_block_indices", ())
+    fields: Dict[str, Any] = dict(
         block_ids=ids,
-        free=tuple(getattr(hashless, "_free_block_indices", ())) if part is None else (),
+        free=tuple(free) if part is None else (),
         blocks=blocks,
         cached=cached,
         evictor=tuple(entries),
@@ -561,9 +562,8 @@ def _state(allocator: Any, ledger: ContentLedger,
         block_size=int(getattr(allocator, "_block_size", 0) or 0),
     )
     if part is None:
-        return whole
-    return _restricted(whole, getattr(hashless, "_free_block_indices", ()), part,
-                       len(all_free_table), len(all_cached))
+        return AbstractState(**fields)
+    return _restricted(fields, free, part, len(all_free_table), len(all_cached), block_ids)
 
 
 def free_in_order(free: Sequence[BlockId], wanted: AbstractSet[BlockId]) -> Tuple[BlockId, ...]:
@@ -579,22 +579,22 @@ def free_in_order(free: Sequence[BlockId], wanted: AbstractSet[BlockId]) -> Tupl
     return tuple(i for i in free if i in wanted)
 
 
-def _restricted(whole: AbstractState, free: Sequence[BlockId], part: Part,
-                num_evictable: int, num_cached: int) -> PartialState:
-    """``whole`` (read at the ids and keys of ``part``) as a PartialState:
-    its free ids among them from the free list ``free``, and the counts of
-    the free list, evictor (``num_evictable``) and cache (``num_cached``)
-    beyond them."""
+def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
+                num_evictable: int, num_cached: int,
+                block_ids: Optional[Iterable[BlockId]]) -> PartialState:
+    """The state of ``fields`` (read at the ids and keys of ``part``) as a
+    PartialState: its free ids among them from the free list ``free``, and
+    the counts of the free list, evictor (``num_evictable``) and cache
+    (``num_cached``) beyond them."""
     ids, keys = part
-    listed = free_in_order(free, frozenset(i for i in ids if i not in whole.blocks))
-    fields = {name: getattr(whole, name) for name in AbstractState.__dataclass_fields__}
-    fields["free"] = listed
-    return PartialState(
-        **fields, ids=frozenset(ids), keys=frozenset(keys),
-        outside_free=len(free) - len(listed),
-        outside_evictable=num_evictable - len(whole.evictor),
-        outside_cached=num_cached - len(whole.cached),
-    )
+    listed = free_in_order(free, frozenset(i for i in ids if i not in fields["blocks"]))
+    state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
+    state.__dict__.update(
+        fields, free=listed, block_ids=block_ids, ids=frozenset(ids),
+        keys=frozenset(keys), outside_free=len(free) - len(listed),
+        outside_evictable=num_evictable - len(fields["evictor"]),
+        outside_cached=num_cached - len(fields["cached"]))
+    return state
 
 
 def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
@@ -604,11 +604,11 @@ def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
     if block_ids is None:
         raise ValueError("a partial state needs the allocator's block_ids")
     if is_prefix_caching(allocator):
-        state = _state(allocator, ledger, None, None, reported_free, block_ids, part)
-        return replace(state, block_ids=block_ids)  # type: ignore[return-value]
+        return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
+                      block_ids, part)
     whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
     free = getattr(allocator, "_free_block_indices", ())
-    return _restricted(replace(whole, block_ids=block_ids), free, part, 0, 0)
+    return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)
 
 
 def device_name(device: Any) -> str:

@@ -63,7 +63,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, 
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
 from prefixcache.impl.errors import PrefixCacheError
 from prefixcache.impl.naive_block import NaiveBlock, NaiveBlockAllocator
-from prefixcache.impl.prefix_caching_block import PrefixCachingBlock, PrefixCachingBlockAllocator
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 
 from . import contracts as C
 from .abstraction import (
@@ -78,7 +78,7 @@ from .error_table import ARGUMENT_ERRORS, NAIVE, PREFIX
 from .invariants import check_all
 from .mirror import Mirror
 from .operations import OPERATIONS, operation
-from .state import AbstractState, BlockId, ContentKey
+from .state import AbstractState, BlockId, ContentKey, HashedKey
 
 FULL = "full"
 INCREMENTAL = "incremental"
@@ -192,11 +192,11 @@ def _binder(fn: Callable[..., Any]) -> Binder:
     defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
     def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
-        if len(args) > len(names) or any(k not in names for k in kwargs):
-            return dict(inspect.signature(fn).bind(*args, **kwargs).arguments)  # raises
         bound = dict(defaults)
         bound.update(zip(names, args))
         bound.update(kwargs)
+        if len(args) > len(names) or len(bound) != len(names):
+            inspect.signature(fn).bind(*args, **kwargs)  # raises the call's TypeError
         return bound
 
     return bind
@@ -286,7 +286,7 @@ class Checker:
         prefix = self.prefix_of(getattr(block, "prev_block", None))
         if prefix is None:
             return content_key_of(block)
-        return prefix + ((getattr(block, "extra_hash", None), tuple(block.token_ids)),)
+        return HashedKey(prefix + ((getattr(block, "extra_hash", None), tuple(block.token_ids)),))
 
     def prefix_of(self, prev_block: Any) -> Optional[ContentKey]:
         """The content key a new block chained after ``prev_block`` extends
@@ -314,7 +314,7 @@ class Checker:
                 prefix = None
                 keys.append(None)
                 continue
-            prefix = prefix + ((extra_hash, tuple(tokens)),)
+            prefix = HashedKey(prefix + ((extra_hash, tuple(tokens)),))
             keys.append(prefix)
         return keys
 
@@ -507,25 +507,24 @@ class Checker:
         cached = getattr(a, "_cached_blocks", {})
         ledger = self.ledger
         known = m.block_ids
-        size = -1
-        while size != len(ids) + len(keys):
-            size = len(ids) + len(keys)
-            for i in list(ids):
+        todo_ids, todo_keys = list(ids), list(keys)
+        while todo_ids or todo_keys:
+            for i in todo_ids:
                 b = m.blocks.get(i)
-                if b is not None and b.content is not None:
-                    keys.add(b.content)
                 meta = table.get(i)
-                name = ledger.name(meta.content_hash) if meta is not None else None
-                if name is not None:
-                    keys.add(name)
-            for k in list(keys):
-                j = m.cached.get(k)
-                if j is not None:
-                    ids.add(j)
+                for k in (b.content if b is not None else None,
+                          ledger.name(meta.content_hash) if meta is not None else None):
+                    if k is not None and k not in keys:
+                        keys.add(k)
+                        todo_keys.append(k)
+            todo_ids = []
+            for k in todo_keys:
                 h = ledger.hash_of(k)
-                j = cached.get(h) if h is not None else None
-                if j is not None:
-                    ids.add(j)
+                for j in (m.cached.get(k), cached.get(h) if h is not None else None):
+                    if j is not None and j not in ids:
+                        ids.add(j)
+                        todo_ids.append(j)
+            todo_keys = []
         return (frozenset(i for i in ids if i in known), frozenset(keys))
 
     def run(self, op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
@@ -565,8 +564,9 @@ class Checker:
         old = mirror.part(part)
         new = self._checked_state(f"after {op}", part)
         failure = self.judge(op, old, new, bound.pre(old), bound.post, result, bound.finish)
+        changed = new.changed(old)  # type: ignore[attr-defined]
         if not failure:
-            violated = check_all(new)
+            violated = check_all(new.narrowed(*changed))  # type: ignore[attr-defined]
             violated += ["content_collision: " + line
                          for line in self.ledger.anomalies()[collisions:]]
             if violated:
@@ -577,7 +577,7 @@ class Checker:
             raise icontract.ViolationError(failure)
         free = getattr(getattr(self.allocator, "_hashless_allocator", self.allocator),
                        "_free_block_indices", ())
-        mirror.commit(old, new, free)  # type: ignore[arg-type]
+        mirror.commit(old, new, free, changed)  # type: ignore[arg-type]
         self.calls += 1
         if self.audit_every and self.calls % self.audit_every == 0:
             self.audit()
@@ -709,7 +709,8 @@ def _a_append(c: Checker, a: Mapping[str, Any]) -> Bound:
     if i is not None and n == room and n > 0:
         prefix = c.prefix_of(block.prev_block)
         if prefix is not None:
-            full_key = prefix + ((block.extra_hash, tuple(block.token_ids) + tuple(tokens)),)
+            full_key = HashedKey(prefix + ((block.extra_hash,
+                                            tuple(block.token_ids) + tuple(tokens)),))
     return Bound(lambda s: C.pre_append_token_ids(s, i, immutable, room, n, full_key),
                  lambda o, n_, r: C.post_append_token_ids(o, n_, block.block_id, i, immutable,
                                                           room, n, full_key),
@@ -1004,32 +1005,30 @@ def _invariant(cls: type) -> type:
     )(cls)
 
 
-class _CheckedPrefixCachingBlock(PrefixCachingBlock):
-    """A PrefixCachingBlock whose appends are checked by its allocator."""
-
-    __slots__ = ()
-
-    def append_token_ids(self, token_ids: List[int]) -> None:
-        """Append as the impl does, under the append contract."""
-        checker = getattr(self._allocator, "_pc", None)
-        if checker is None:
-            super().append_token_ids(token_ids)
-        else:
-            checker.run_append(self, token_ids, super().append_token_ids)
+_CHECKED_BLOCKS: Dict[type, type] = {}
 
 
-class _CheckedNaiveBlock(NaiveBlock):
-    """A NaiveBlock whose appends are checked by its allocator."""
+def _checked_block(block: Any) -> Any:
+    """``block``, its class now a subclass of its own whose
+    ``append_token_ids`` is checked by its allocator (the allocator's own
+    Block class, faults included, is kept)."""
+    cls = type(block)
+    checked = _CHECKED_BLOCKS.get(cls)
+    if checked is None:
+        def append_token_ids(self: Any, token_ids: List[int]) -> None:
+            """Append as the Block's class does, under the append contract."""
+            checker = getattr(self._allocator, "_pc", None)
+            if checker is None:
+                cls.append_token_ids(self, token_ids)
+            else:
+                checker.run_append(self, token_ids,
+                                   lambda tokens: cls.append_token_ids(self, tokens))
 
-    __slots__ = ()
-
-    def append_token_ids(self, token_ids: List[int]) -> None:
-        """Append as the impl does, under the append contract."""
-        checker = getattr(self._allocator, "_pc", None)
-        if checker is None:
-            super().append_token_ids(token_ids)
-        else:
-            checker.run_append(self, token_ids, super().append_token_ids)
+        checked = _CHECKED_BLOCKS[cls] = type(f"Checked{cls.__name__}", (cls,), {
+            "__slots__": (), "append_token_ids": append_token_ids,
+            "__doc__": f"A {cls.__name__} whose appends are checked by its allocator."})
+    block.__class__ = checked
+    return block
 
 
 def checked_class(base: type, check: Optional[str] = None) -> type:
@@ -1065,12 +1064,8 @@ def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             _construct(self, PREFIX_ADAPTERS, mode, lambda: base.__init__(self, *args, **kwargs))
 
-        def _create_block(self, prev_block: Any, token_ids: List[int], block_size: int,
-                          allocator: Any, block_id: Optional[int] = None,
-                          computed: bool = False, extra_hash: Optional[int] = None) -> Any:
-            return _CheckedPrefixCachingBlock(
-                prev_block=prev_block, token_ids=token_ids, block_size=block_size,
-                allocator=self, block_id=block_id, computed=computed, extra_hash=extra_hash)
+        def _create_block(self, *args: Any, **kwargs: Any) -> Any:
+            return _checked_block(base._create_block(self, *args, **kwargs))
 
         def audit(self) -> None:
             """The full check (see :meth:`Checker.audit`)."""
@@ -1088,10 +1083,12 @@ def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
         def __init__(self, create_block: Any, num_blocks: int, block_size: int,
                      block_ids: Optional[Iterable[int]] = None,
                      block_pool: Any = None) -> None:
-            if create_block is NaiveBlock:
-                create_block = _CheckedNaiveBlock
+            def make(*args: Any, **kwargs: Any) -> Any:
+                return _checked_block(create_block(*args, **kwargs))
+
             _construct(self, NAIVE_ADAPTERS, mode, lambda: base.__init__(
-                self, create_block, num_blocks, block_size, block_ids, block_pool))
+                self, make if callable(create_block) else create_block, num_blocks,
+                block_size, block_ids, block_pool))
 
         def audit(self) -> None:
             """The full check (see :meth:`Checker.audit`)."""

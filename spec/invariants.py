@@ -14,7 +14,7 @@ classes of prefixcache.impl) so that CrossHair can run symbolically over them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .state import AbstractState, BlockId
 
@@ -60,11 +60,11 @@ def _keys(s: AbstractState) -> Iterable[Any]:
 
 
 def _entries(s: AbstractState) -> Iterable[Any]:
-    return range(len(s.evictor))
+    return s.scope_entries()
 
 
 def _touched(s: AbstractState) -> Iterable[BlockId]:
-    return s.touched
+    return s.scope_touched()
 
 
 def _cows(s: AbstractState) -> Iterable[Any]:
@@ -251,7 +251,10 @@ def _inv(holds: Callable[[AbstractState, Any], bool]) -> Invariant:
     over = _OVER.get(holds, _ids)
 
     def check(s: AbstractState) -> bool:
-        return all(holds(s, x) for x in over(s))
+        for x in over(s):
+            if not holds(s, x):
+                return False
+        return True
 
     check.__name__ = check.__qualname__ = name
     check.__doc__ = holds.__doc__
@@ -304,7 +307,17 @@ def group_of(name: str) -> str:
 def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[str]:
     """Return the names of the invariants that ``s`` violates, in registry
     order (empty when all hold); ownership is checked only when a view is given."""
-    violated = [inv.name for inv in INVARIANTS if not inv.check(s)]
+    violated: List[str] = []
+    domains: Dict[Any, List[Any]] = {}     # each kind of element listed once
+    for inv in INVARIANTS:
+        elements = domains.get(inv.over)
+        if elements is None:
+            elements = domains[inv.over] = list(inv.over(s))
+        holds = inv.holds
+        for x in elements:
+            if not holds(s, x):
+                violated.append(inv.name)
+                break
     if ownership is not None and not OWNERSHIP.check(s, ownership):
         violated.append(OWNERSHIP.name)
     return violated

@@ -78,7 +78,8 @@ class Mirror:
         evictor = tuple(sorted((self.entries[i] for i in ids if i in self.entries),
                                key=EvictorEntry.eviction_rank))
         free = free_in_order(self.free, frozenset(i for i in ids if i not in blocks))
-        return PartialState(
+        state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
+        state.__dict__.update(
             block_ids=self.block_ids, free=free, blocks=blocks, cached=cached, evictor=evictor,
             touched=frozenset(i for i in ids if i in self.touched),
             copy_on_writes=self.copy_on_writes, hits=self.hits, misses=self.misses,
@@ -87,6 +88,7 @@ class Mirror:
             outside_free=len(self.free) - len(free),
             outside_evictable=len(self.entries) - len(evictor),
             outside_cached=len(self.cached) - len(cached))
+        return state
 
     def state(self) -> AbstractState:
         """The whole state (O(size))."""
@@ -100,24 +102,28 @@ class Mirror:
 
     # -- updating ----------------------------------------------------------------
 
-    def commit(self, old: PartialState, new: PartialState, free: Sequence[BlockId]) -> None:
+    def commit(self, old: PartialState, new: PartialState, free: Sequence[BlockId],
+               changed: Part) -> None:
         """Take the values of ``new`` (a partial state that met the
         contract, read at the same elements as ``old``, which this mirror
-        gave); ``free`` is the allocator's free list, read only to learn
-        where its newly free ids went (the spec leaves that open)."""
-        for i in new.ids:
+        gave) at the ids and keys ``changed`` (where they differ);
+        ``free`` is the allocator's free list, read only to learn where its
+        newly free ids went (the spec leaves that open)."""
+        ids, keys = changed
+        for i in ids:
             b = new.blocks.get(i)
             _assign(self.blocks, i, b)
             _put(self.in_use, i, b is not None and b.refcount > 0)
             _put(self.touched, i, i in new.touched)
             self.entries.pop(i, None)
         for e in new.evictor:
-            self.entries[e.block_id] = e
-            heapq.heappush(self.heap, (e.eviction_rank(), e.block_id))
+            if e.block_id in ids:
+                self.entries[e.block_id] = e
+                heapq.heappush(self.heap, (e.eviction_rank(), e.block_id))
         if len(self.heap) > 2 * len(self.entries) + 64:
             self.heap = [(e.eviction_rank(), i) for i, e in self.entries.items()]
             heapq.heapify(self.heap)
-        for k in new.keys:
+        for k in keys:
             _assign(self.cached, k, new.cached.get(k))
         self._move_free(old.free, new.free, free)
         self.copy_on_writes = new.copy_on_writes

@@ -26,6 +26,22 @@ Tokens = Tuple[int, ...]
 #: which chains each block's own extra hash, distinguishes).  Never a hash.
 ContentKey = Tuple[Tuple[Optional[int], Tokens], ...]
 
+
+
+class HashedKey(tuple):  # type: ignore[type-arg]
+    """A :data:`ContentKey` that computes its hash once (a key is as long as
+    its chain, and the checked allocators look keys up many times).  Equal
+    to, and hashed like, the plain tuple of the same pairs."""
+
+    def __hash__(self) -> int:
+        """The tuple's hash, computed on first use."""
+        try:
+            return self.__dict__["_hash"]  # type: ignore[no-any-return]
+        except KeyError:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+            return h
+
+
 #: The ``last_accessed`` of an id that was never marked accessed since it was
 #: (re)allocated: vLLM's ``_DEFAULT_LAST_ACCESSED_TIME``.
 NEVER_ACCESSED: float = -1.0
@@ -127,6 +143,15 @@ class AbstractState:
         """The positions ``k`` of ``block_ids`` checked against ``k + 1``."""
         return range(len(self.block_ids) - 1)
 
+    def scope_entries(self) -> Iterable[int]:
+        """The positions of the evictor entries the per-entry invariants are
+        checked at: all."""
+        return range(len(self.evictor))
+
+    def scope_touched(self) -> Iterable[BlockId]:
+        """The touched ids the per-touched-id invariants are checked at: all."""
+        return self.touched
+
     def count_free(self) -> int:
         """The number of free ids (the length of the free list)."""
         return len(self.free)
@@ -199,6 +224,41 @@ class PartialState(AbstractState):
         """None: the ids of an allocator never change after construction,
         so they are checked once, on the first (whole) state."""
         return range(0)
+
+    def scope_entries(self) -> Iterable[int]:
+        """The positions of the entries of the ids this state lists."""
+        return [k for k, e in enumerate(self.evictor) if e.block_id in self.ids]
+
+    def scope_touched(self) -> Iterable[BlockId]:
+        """The touched ids among those this state lists."""
+        return [i for i in self.touched if i in self.ids]
+
+    def narrowed(self, ids: AbstractSet[BlockId], keys: AbstractSet[ContentKey]) -> PartialState:
+        """This state, listing only ``ids`` and ``keys`` of its elements as
+        its own (the others stay readable: the invariants at the listed
+        elements read them).  A cheap copy: the fields are shared."""
+        copy = object.__new__(PartialState)
+        copy.__dict__.update(self.__dict__, ids=ids, keys=keys)
+        return copy
+
+    def changed(self, old: PartialState) -> Tuple[AbstractSet[BlockId], AbstractSet[ContentKey]]:
+        """The ids and keys at which this state differs from ``old`` (read at
+        the same elements), with the keys those ids hold and the ids those
+        keys name, before and after: the elements whose invariants a change
+        from ``old`` to this state can break."""
+        entries = {e.block_id: e for e in self.evictor}
+        old_entries = {e.block_id: e for e in old.evictor}
+        ids = {i for i in self.ids
+               if self.blocks.get(i) != old.blocks.get(i) or entries.get(i) != old_entries.get(i)
+               or (i in self.touched) != (i in old.touched)
+               or self.free_counts.get(i) != old.free_counts.get(i)}
+        keys = {k for k in self.keys if self.cached.get(k) != old.cached.get(k)}
+        for i in list(ids):
+            keys.update(b.content for b in (self.blocks.get(i), old.blocks.get(i))
+                        if b is not None and b.content is not None)
+        for k in list(keys):
+            ids.update(j for j in (self.cached.get(k), old.cached.get(k)) if j is not None)
+        return ids, keys
 
     def count_free(self) -> int:
         """The number of free ids of the whole state."""

@@ -12,6 +12,7 @@ from typing import Any, Callable, List
 
 import icontract
 import pytest
+from helpers.broken_allocators import BROKEN, hunt
 
 from prefixcache.impl.errors import NoFreeBlocksError, PrefixCacheError
 from prefixcache.impl.interfaces import Device
@@ -420,3 +421,32 @@ def test_cpu_gpu_naive_create() -> None:
     g: Any = CheckedCpuGpuBlockAllocator.create("naive", 2, 2, 2)
     b = g.allocate_immutable_block(None, [1, 2], Device.GPU)
     assert g.swap([b], Device.GPU, Device.CPU) == {0: 2}
+
+
+# --------------------------------------------------------------------------
+# the oracle against the planted faults, each under the checked mode
+
+
+_CHECKABLE = [(cls, expected) for cls, expected in BROKEN
+              if issubclass(cls, (PrefixCachingBlockAllocator, NaiveBlockAllocator))]
+
+
+@pytest.mark.parametrize(("target", "expected"), _CHECKABLE,
+                         ids=[c.__name__ for c, _ in _CHECKABLE])
+def test_the_oracle_catches_each_planted_fault_in_checked_mode(target: type,
+                                                               expected: object) -> None:
+    """The oracle (profile ci) against ``checked_class(fault)`` in the
+    default, incremental mode: it catches every fault the oracle catches
+    plain.  The checked mode's own ViolationError counts, also when it
+    comes from a call the oracle makes to read the state (then the oracle
+    reports it as an error, not as a Violation)."""
+    kill = hunt(checked_class(target), profile="ci")
+    by_checker = (kill.error or "").startswith("ViolationError: ")
+    assert kill.error is None or by_checker, f"the oracle failed: {kill.error}"
+    assert kill.caught or by_checker, f"{target.__name__} was not caught in checked mode"
+
+
+def test_the_oracle_finds_nothing_on_the_checked_impl() -> None:
+    kill = hunt(checked_class(PrefixCachingBlockAllocator), profile="ci")
+    assert kill.error is None, kill.error
+    assert not kill.caught, f"false alarm: [{kill.category}] {kill.message}\n{kill.final_program}"
