@@ -30,7 +30,8 @@ main one: every running sequence marks all its blocks accessed at every
 scheduler step (``mark_blocks_as_accessed``), as a scheduler without vLLM's
 deferral does.
 ``--scaling`` prints the per-call cost for pool sizes from 1,000 to
-1,000,000 blocks on one and the same program.  ``--soak`` replays the
+1,000,000 blocks on one and the same program (``--scaling-against``: the
+second target's too, measured in the same rounds).  ``--soak`` replays the
 roomy pool's program on the target, checked as it goes (:mod:`.soak`),
 instead of timing it.
 
@@ -308,52 +309,60 @@ def measure(targets: Sequence[Target], program_plan: Plan, pool: str, num_blocks
     return results
 
 
-def scaling(target: Target, config: WorkloadConfig, sizes: Sequence[int], fill: float,
-            repeats: int, progress: Any = None,
-            clock: Callable[[], int] = perf_counter_ns) -> List[ScalingRow]:
-    """The target's per-call cost on each pool size, all running the program
-    planned for the smallest size (which is valid for every larger pool);
-    ``fill`` of each pool is made cached, computed and evictable first."""
+def scaling(targets: Sequence[Target], config: WorkloadConfig, sizes: Sequence[int],
+            fill: float, repeats: int, progress: Any = None,
+            clock: Callable[[], int] = perf_counter_ns) -> List[List[ScalingRow]]:
+    """Each target's per-call cost on each pool size (one list of rows per
+    target), all running the program planned for the smallest size (which
+    is valid for every larger pool); ``fill`` of each pool is made cached,
+    computed and evictable first.  The targets take turns on each size of
+    each round, so that they are measured side by side."""
     sizes = sorted(sizes)
     small = WorkloadConfig(**{**asdict(config), "num_blocks": sizes[0]})
     program_plan = plan(small)
-    best: Dict[int, int] = {}
-    fingerprints: Dict[int, str] = {}
-    errors: Dict[int, str] = {}
+    best: Dict[tuple[int, int], int] = {}
+    fingerprints: Dict[tuple[int, int], str] = {}
+    errors: Dict[tuple[int, int], str] = {}
     for round_number in range(max(1, repeats)):
         # rounds over the sizes, so that a drift in speed hits them all, in a
         # serpentine order: every other round the smallest pool's replay does
         # not follow the largest one's teardown (whose freed memory costs the
         # next replay page faults)
         for size in sizes if round_number % 2 == 0 else sizes[::-1]:
-            if size in errors:
+            for t, target in enumerate(targets):
+                if (t, size) in errors:
+                    continue
+                if progress is not None:
+                    progress(f"scaling: {target.name}, {size:,} blocks")
+                try:
+                    elapsed, machine = _replay_once(target, program_plan, size,
+                                                    int(size * fill), clock)
+                except ReplayError as exc:
+                    errors[t, size] = str(exc)
+                    continue
+                fingerprints[t, size] = machine.fingerprint()
+                del machine
+                best[t, size] = min(best.get((t, size), elapsed), elapsed)
+                gc.collect()
+    tables: List[List[ScalingRow]] = []
+    for t in range(len(targets)):
+        rows: List[ScalingRow] = []
+        base: Optional[float] = None
+        for size in sizes:
+            prefilled = int(size * fill)
+            if (t, size) not in best:
+                rows.append(ScalingRow(size, prefilled, 0.0, 0.0, 0.0, "",
+                                       errors.get((t, size))))
                 continue
-            if progress is not None:
-                progress(f"scaling: {size:,} blocks")
-            try:
-                elapsed, machine = _replay_once(target, program_plan, size, int(size * fill),
-                                                clock)
-            except ReplayError as exc:
-                errors[size] = str(exc)
-                continue
-            fingerprints[size] = machine.fingerprint()
-            del machine
-            best[size] = min(best.get(size, elapsed), elapsed)
-            gc.collect()
-    rows: List[ScalingRow] = []
-    base: Optional[float] = None
-    for size in sizes:
-        prefilled = int(size * fill)
-        if size not in best:
-            rows.append(ScalingRow(size, prefilled, 0.0, 0.0, 0.0, "", errors.get(size)))
-            continue
-        ns_per_call = best[size] / program_plan.program.calls
-        if base is None:
-            base = ns_per_call
-        rows.append(ScalingRow(size, prefilled, program_plan.program.calls * 1e9 / best[size],
-                               ns_per_call, ns_per_call / base, fingerprints[size],
-                               errors.get(size)))
-    return rows
+            ns_per_call = best[t, size] / program_plan.program.calls
+            if base is None:
+                base = ns_per_call
+            rows.append(ScalingRow(size, prefilled,
+                                   program_plan.program.calls * 1e9 / best[t, size],
+                                   ns_per_call, ns_per_call / base, fingerprints[t, size],
+                                   errors.get((t, size))))
+        tables.append(rows)
+    return tables
 
 
 # -- output -----------------------------------------------------------------------------
@@ -500,6 +509,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the per-call latency replay")
     parser.add_argument("--scaling", action="store_true",
                         help="also print the per-call cost from 1,000 to 1,000,000 blocks")
+    parser.add_argument("--scaling-against", action="store_true",
+                        help="--scaling: measure the --against target too, side by side")
     parser.add_argument("--scaling-sizes", type=_sizes, default=list(DEFAULT_SCALING_SIZES),
                         metavar="N,N,...", help="pool sizes of --scaling")
     parser.add_argument("--scaling-fill", type=float, default=0.5,
@@ -559,6 +570,7 @@ def run(args: argparse.Namespace) -> int:
     progress = status.update if console.is_terminal else None
     reports: List[PoolReport] = []
     rows: List[ScalingRow] = []
+    against_rows: List[ScalingRow] = []
     started = time.time()
     with status if console.is_terminal else _nothing():
         for name, config in configs:
@@ -583,9 +595,13 @@ def run(args: argparse.Namespace) -> int:
             reports.append(report)
             print_pool(console, report)
         if args.scaling:
-            rows = scaling(targets[0], configs[0][1], args.scaling_sizes, args.scaling_fill,
-                           args.repeats, progress, CLOCKS[args.clock])
-            print_scaling(console, targets[0].name, rows, args.scaling_fill)
+            scaled = targets if args.scaling_against else targets[:1]
+            tables = scaling(scaled, configs[0][1], args.scaling_sizes, args.scaling_fill,
+                             args.repeats, progress, CLOCKS[args.clock])
+            for target, table in zip(scaled, tables):
+                print_scaling(console, target.name, table, args.scaling_fill)
+            rows = tables[0]
+            against_rows = tables[1] if len(tables) > 1 else []
     if args.json:
         document = {
             "format": "prefixcache-bench/1",
@@ -599,12 +615,13 @@ def run(args: argparse.Namespace) -> int:
             "workload": configs[0][1].workload_name,
             "pools": [asdict(report) for report in reports],
             "scaling": [asdict(row) for row in rows],
+            "scaling_against": [asdict(row) for row in against_rows],
             "scaling_fill": args.scaling_fill if args.scaling else None,
         }
         Path(args.json).write_text(json.dumps(document, indent=2) + "\n")
     failed = any(r.error is not None or not r.answers_match
                  for report in reports for r in report.results[:1])
-    failed = failed or any(row.error for row in rows)
+    failed = failed or any(row.error for row in rows + against_rows)
     return 1 if failed else 0
 
 

@@ -22,8 +22,15 @@ the same code as ``prefixcache bench``):
    with contracts off (``PREFIXCACHE_CONTRACTS=0``): the same cost expected,
    timed and, when valgrind is installed, counted in instructions
    (``bench/count_instructions.py --pair contracts-off``);
-3. the same with contracts on, on a small workload (a contract check reads
-   the whole abstract state, so its cost grows with the pool);
+3. the same with contracts on in full mode (``PREFIXCACHE_CHECK=full``), on
+   a small workload (a full check reads the whole abstract state, so its
+   cost grows with the pool);
+6. (in ``--short`` too) the checked allocator in its default, incremental
+   mode against the plain one, side by side: the main workload's replay
+   (40 requests, one round: the checked replays and the checked filling of
+   the 1,000,000-block pool take most of the section's two minutes) and the
+   per-call cost from 1,000 to 1,000,000 blocks, and icontract's own cost
+   per call (a wrapper with trivial conditions);
 4. ``verify_content=True`` against the default (off), side by side;
 5. construction: the time and memory (tracemalloc peak and retained, RSS
    growth) of building a PrefixCachingBlockAllocator and a
@@ -36,7 +43,7 @@ Usage::
     python bench/run_benchmarks.py --render-only DIR [--out bench/RESULTS.md]
 
 ``--quick`` shrinks every workload (a smoke of this script, not figures to
-record).  ``--short`` runs 1, 1a and 1o only, in full, when the whole does
+record).  ``--short`` runs 1, 1a, 1o and 6 only, in full, when the whole does
 not fit the time there is.  ``--render-only DIR`` runs nothing and writes the results file from
 the JSON a ``--keep-json DIR`` run kept, dated by that run.  Exit code: 0, or 1
 when a run failed.
@@ -146,6 +153,91 @@ print(json.dumps({"kind": kind, "num_blocks": size, "seconds": best, "peak_bytes
 
 CONSTRUCTION_KINDS = ("PrefixCachingBlockAllocator",
                       "CpuGpuBlockAllocator.create (n GPU + n CPU)")
+
+
+#: Child program of the icontract row: a method plain, under icontract's
+#: snapshot + postcondition + class invariant with trivial conditions, and
+#: under a plain wrapper like the incremental mode's; ns per call, best of 5.
+_WRAPPER_CHILD = r"""
+import json, timeit, icontract
+class Plain:
+    depth = 0
+    def f(self, x): return x
+@icontract.invariant(lambda self: True)
+class Contracted(Plain):
+    @icontract.snapshot(lambda self, x: None, name="pc")
+    @icontract.ensure(lambda self, OLD, result: True)
+    def f(self, x): return x
+def lean(fn):
+    def checked(self, *args, **kwargs):
+        if self.depth:
+            return fn(self, *args, **kwargs)
+        return fn(self, *args, **kwargs)
+    return checked
+class Lean(Plain): pass
+Lean.f = lean(Plain.f)
+n = 200000
+print(json.dumps({name: min(timeit.repeat(lambda: o.f(1), number=n, repeat=5)) / n * 1e9
+                  for name, o in (("plain", Plain()), ("icontract", Contracted()),
+                                  ("lean", Lean()))}))
+"""
+
+
+def _wrapper_cost() -> Optional[Dict[str, float]]:
+    """ns per call of a method plain, under icontract and under a plain
+    wrapper (a fresh process); None when it failed."""
+    proc = subprocess.run([sys.executable, "-c", _WRAPPER_CHILD], capture_output=True,
+                          text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        print(proc.stderr, file=sys.stderr)
+        return None
+    costs: Dict[str, float] = json.loads(proc.stdout)
+    return costs
+
+
+def _checked_section(checked: Optional[Dict[str, Any]],
+                     wrapper: Optional[Dict[str, float]]) -> List[str]:
+    """The incremental checked mode against the plain allocator: the
+    replay's ratio, the per-call cost by pool size side by side, and
+    icontract's own cost per call."""
+    lines = ["## Checked mode (incremental) against the plain allocator", ""]
+    if checked is None:
+        return lines + ["Not measured in this recording.", ""]
+    lines += ["The checked allocator (`PREFIXCACHE_CHECK=incremental`, the default: each call "
+              "checked at the elements it touched, see spec/checked.py) and the plain one, "
+              "interleaved in one run.", "", "```", checked["shown_command"], "```", ""]
+    lines += _pool_section(checked, ["checked (incremental)", "plain impl"])
+    pool = checked["pools"][0]
+    if pool.get("ratio") and pool.get("paired_ratio"):
+        lines += [f"Checked over plain per call: **{1 / pool['ratio']:,.1f}x** (ratio of the "
+                  f"bests; median of the rounds' ratios {1 / pool['paired_ratio']:,.1f}x).", ""]
+    rows, plain = checked.get("scaling") or [], checked.get("scaling_against") or []
+    if rows and len(rows) == len(plain):
+        lines += [f"Per-call cost by pool size, one program on every size, "
+                  f"{(checked.get('scaling_fill') or 0):.0%} of each pool cached, computed and "
+                  f"evictable first; both allocators in the same rounds.", "",
+                  "| blocks | checked ns/call | plain ns/call | checked / plain | "
+                  "checked x smallest |", "|---:|---:|---:|---:|---:|"]
+        for row, base in zip(rows, plain):
+            if row.get("error") or base.get("error"):
+                lines.append(f"| {row['num_blocks']:,} | - | - | - | "
+                             f"{row.get('error') or base.get('error')} |")
+                continue
+            lines.append(f"| {row['num_blocks']:,} | {row['ns_per_call']:,.0f} | "
+                         f"{base['ns_per_call']:,.0f} | "
+                         f"{row['ns_per_call'] / base['ns_per_call']:,.1f}x | "
+                         f"{row['relative']:.2f} |")
+        costs = [row["relative"] for row in rows if not row.get("error")]
+        if costs and min(costs) > 0:
+            lines += ["", f"Checked mode's dearest pool size over its cheapest: "
+                          f"**{max(costs) / min(costs):.2f}x**.", ""]
+    if wrapper is not None:
+        lines += ["icontract's own cost: a method with a snapshot, a postcondition and a class "
+                  "invariant whose conditions are all `True` costs "
+                  f"**{wrapper['icontract']:,.0f} ns** per call, against {wrapper['plain']:,.0f} "
+                  f"ns plain and {wrapper['lean']:,.0f} ns under a plain wrapper like the "
+                  "incremental mode's (hence that wrapper; the full mode keeps icontract).", ""]
+    return lines
 
 
 def _construction(sizes: Sequence[int]) -> List[Dict[str, Any]]:
@@ -508,7 +600,9 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
            recorded: Optional[datetime.datetime] = None,
            counted_off: Optional[Dict[str, Any]] = None,
            access: Optional[Dict[str, Any]] = None,
-           oracle: Optional[Dict[str, Any]] = None, short: bool = False) -> str:
+           oracle: Optional[Dict[str, Any]] = None, short: bool = False,
+           checked: Optional[Dict[str, Any]] = None,
+           wrapper: Optional[Dict[str, float]] = None) -> str:
     """The text of RESULTS.md, for a run made at ``recorded`` (now by default);
     ``short``: a ``--short`` run, which left out the sections after the
     oracle's speed."""
@@ -563,10 +657,12 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
             lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
                       "```", main["shown_command"], "```", ""]
             lines += _scaling_section(main)
+        lines += _checked_section(checked, wrapper)
         lines += ["## Not run in this recording", "",
-                  "`--short` runs the two workloads against vLLM (and the flat-cost table) "
-                  "and the oracle's speed only: the instruction counts, the driver's share, "
-                  "the contracts, verify_content and construction were not measured.", ""]
+                  "`--short` runs the two workloads against vLLM (and the flat-cost table), "
+                  "the oracle's speed and the checked mode only: the instruction counts, the "
+                  "driver's share, the contracts off and in full mode, verify_content and "
+                  "construction were not measured.", ""]
         return "\n".join(lines)
     lines += ["## Instructions (independent of the machine's load)", ""]
     lines += _instructions_section(counted)
@@ -575,6 +671,7 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
                   "```", main["shown_command"], "```", ""]
         lines += _scaling_section(main)
+    lines += _checked_section(checked, wrapper)
     lines += ["## Contracts", ""]
     if off is None and on is None:
         lines += ["prefixcache.spec.checked was not importable: not measured.", ""]
@@ -585,16 +682,16 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
     if off is not None and on is None:
         lines += ["Contracts on: not measured in this recording (see the notes).", ""]
     if on is not None:
-        lines += ["Contracts on (a smaller workload: each check reads the whole abstract "
-                  "state, so its cost grows with the pool):", "", "```", on["shown_command"],
-                  "```", ""]
-        lines += _pool_section(on, ["checked (contracts on)", "plain impl"])
+        lines += ["Contracts on in full mode (`PREFIXCACHE_CHECK=full`; a smaller workload: "
+                  "each check reads the whole abstract state, so its cost grows with the pool):",
+                  "", "```", on["shown_command"], "```", ""]
+        lines += _pool_section(on, ["checked (full mode)", "plain impl"])
     if off is not None and on is not None:
         ratio_on = on["pools"][0].get("ratio")
         ratio_off = off["pools"][0].get("ratio")
         if ratio_on and ratio_off:
             lines += [f"Cost of the checked allocator relative to the plain one: contracts off "
-                      f"**{1 / ratio_off:.3f}x**, contracts on **{1 / ratio_on:,.0f}x**.", ""]
+                      f"**{1 / ratio_off:.3f}x**, full mode **{1 / ratio_on:,.0f}x**.", ""]
     lines += _contracts_off_instructions(counted_off)
     lines += _verify_section(verify)
     lines += _construction_section(construction)
@@ -641,7 +738,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                          load("instructions_contracts_off.json"),
                                          load("access_heavy_vs_vllm.json"),
                                          load("oracle_speed.json"),
-                                         run_kept.get("short", args.short)) + "\n")
+                                         run_kept.get("short", args.short),
+                                         load("checked.json"), load("wrapper.json")) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -658,12 +756,26 @@ def main(argv: Optional[List[str]] = None) -> int:
                          "--clock", "cpu", *quick], out_dir / "access_heavy_vs_vllm.json", {})
         seconds = args.oracle_seconds or (3.0 if args.quick else 30.0)
         oracle = _oracle_speed(seconds, out_dir / "oracle_speed.json")
+        checked = wrapper = None
+        if _checked_available():
+            pools = "1000,10000" if args.quick else "1000,10000,100000,1000000"
+            checked = _bench(["--target", CHECKED, "--against", PLAIN, "--requests",
+                              "10" if args.quick else "40", "--tight-blocks", "0",
+                              "--repeats", "1", "--no-latency",
+                              "--clock", "cpu", "--scaling", "--scaling-against",
+                              "--scaling-sizes", pools],
+                             out_dir / "checked.json",
+                             {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "incremental"})
+            wrapper = _wrapper_cost()
+            if wrapper is not None:
+                (out_dir / "wrapper.json").write_text(json.dumps(wrapper) + "\n")
         if args.short:
             Path(args.out).write_text(render(main_run, None, None, args.quick, access=access,
-                                             oracle=oracle, short=True) + "\n")
+                                             oracle=oracle, short=True, checked=checked,
+                                             wrapper=wrapper) + "\n")
             print(f"wrote {args.out}")
-            return 1 if any(doc["exit_code"] != 0 for doc in (main_run, access)) \
-                or oracle is None else 0
+            return 1 if any(doc is not None and doc["exit_code"] != 0
+                            for doc in (main_run, access, checked)) or oracle is None else 0
         counted = _count_instructions(counted_quick, out_dir / "instructions.json")
         driver_path = out_dir / "driver.json"
         small = ["--repeats", "1"] if args.quick else []
@@ -680,7 +792,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             small = ["--requests", "4" if args.quick else "10", "--blocks", "256",
                      "--tight-blocks", "0", "--repeats", "1", "--no-latency", "--clock", "cpu"]
             on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
-                        out_dir / "contracts_on.json", {"PREFIXCACHE_CONTRACTS": "1"})
+                        out_dir / "contracts_on.json",
+                        {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "full"})
             counted_off = _count_instructions(
                 ["--pair", "contracts-off", *counted_quick],
                 out_dir / "instructions_contracts_off.json")
@@ -692,10 +805,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         (out_dir / "construction.json").write_text(json.dumps({"rows": construction}) + "\n")
     Path(args.out).write_text(render(main_run, off, on, args.quick, counted, verify,
                                      construction, driver, counted_off=counted_off,
-                                     access=access, oracle=oracle) + "\n")
+                                     access=access, oracle=oracle, checked=checked,
+                                     wrapper=wrapper) + "\n")
     print(f"wrote {args.out}")
     failed = any(doc is not None and doc["exit_code"] != 0
-                 for doc in (main_run, access, off, on, verify))
+                 for doc in (main_run, access, off, on, verify, checked))
     return 1 if failed or oracle is None else 0
 
 

@@ -22,7 +22,20 @@ hash-based allocator cannot see by itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from itertools import islice
+from typing import (
+    AbstractSet,
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from . import pure
 from .invariants import ownership_matches
@@ -33,7 +46,12 @@ from .state import (
     BlockState,
     ContentKey,
     EvictorEntry,
+    HashedKey,
+    PartialState,
 )
+
+Part = Tuple[AbstractSet[BlockId], AbstractSet[ContentKey]]
+"""The elements a partial state is read at: (ids, content keys)."""
 
 #: :func:`.pure.chain_key` without its runtime contract (read for every live
 #: Block at every reading of the state)
@@ -89,7 +107,7 @@ class SharedIdConflict:
 # reading Blocks
 
 
-def _chain(block: Any) -> List[Any]:
+def chain_of(block: Any) -> List[Any]:
     """The chain ending at ``block``, first block first (iterative walk)."""
     chain: List[Any] = []
     b = block
@@ -112,7 +130,7 @@ def content_key_of(block: Any) -> ContentKey:
     its chain, from the first block through itself).  Pure: reads
     ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
     key: ContentKey = ()
-    for b in _chain(block):
+    for b in chain_of(block):
         key = _chain_key(key, *_pair(b))
     return key
 
@@ -149,7 +167,7 @@ def chain_keys(last_block: Any) -> List[Tuple[Any, ContentKey]]:
     is its predecessor's key plus the block's own pair)."""
     out: List[Tuple[Any, ContentKey]] = []
     key: ContentKey = ()
-    for b in _chain(last_block):
+    for b in chain_of(last_block):
         key = _chain_key(key, *_pair(b))
         out.append((b, key))
     return out
@@ -219,7 +237,7 @@ class ContentLedger:
         a :class:`Collision`) when the hash already names a different key."""
         known = self._names.get(content_hash)
         if known is None:
-            self._names[content_hash] = key
+            key = self._names[content_hash] = HashedKey(key)
         elif known != key:
             self.collisions.append(Collision(content_hash, known, key))
             return False
@@ -345,9 +363,12 @@ def _block_ids(allocator: Any, block_ids: Optional[Iterable[BlockId]]) -> Tuple[
 
 
 def _naive_state(
-    allocator: Any, reported_free: Optional[int], block_ids: Optional[Iterable[BlockId]]
+    allocator: Any, reported_free: Optional[int], block_ids: Optional[Iterable[BlockId]],
+    whole: bool = True,
 ) -> AbstractState:
-    ids = _block_ids(allocator, block_ids)
+    """The state of an allocator without a cache; not ``whole``: at the ids
+    ``block_ids`` only (taken as given), without the free list."""
+    ids = _block_ids(allocator, block_ids) if whole else tuple(block_ids or ())
     counts = _refcounts(allocator, ids)
     blocks = {
         i: BlockState(refcount=n, content=None, computed=False, last_accessed=NEVER_ACCESSED)
@@ -356,7 +377,7 @@ def _naive_state(
     }
     return AbstractState(
         block_ids=ids,
-        free=tuple(getattr(allocator, "_free_block_indices", ())),
+        free=tuple(getattr(allocator, "_free_block_indices", ())) if whole else (),
         blocks=blocks,
         cached={},
         evictor=(),
@@ -398,9 +419,13 @@ def abstract_state(
     live_blocks: Optional[Iterable[Any]] = None,
     reported_free: Optional[int] = None,
     block_ids: Optional[Iterable[BlockId]] = None,
+    part: Optional[Part] = None,
 ) -> AbstractState:
     """Return the abstract state of one allocator (one device), reading its
-    vLLM-shaped attributes; the allocator is not changed.
+    vLLM-shaped attributes; the allocator is not changed.  With ``part``
+    (ids, keys): the :class:`~prefixcache.spec.state.PartialState` over
+    those ids and keys, read at those elements only (``block_ids`` is then
+    taken as given, unsorted): its cost is the elements', not the pool's.
 
     Content of an id, first rule that applies:
 
@@ -417,16 +442,39 @@ def abstract_state(
     allocators pass the undecorated answers).  Raises
     :class:`AbstractionError` for a cached hash nothing names.
     """
-    if not is_prefix_caching(allocator):
-        return _naive_state(allocator, reported_free, block_ids)
     if ledger is None:
         ledger = ContentLedger()
+    if part is not None:
+        return _partial_state(allocator, ledger, part, reported_free,
+                              None if block_ids is None else tuple(block_ids)
+                              if not isinstance(block_ids, Sequence) else block_ids)
+    if not is_prefix_caching(allocator):
+        return _naive_state(allocator, reported_free, block_ids)
+    return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids)
+
+
+def _state(allocator: Any, ledger: ContentLedger,
+           contents: Optional[Mapping[BlockId, Optional[ContentKey]]],
+           live_blocks: Optional[Iterable[Any]], reported_free: Optional[int],
+           block_ids: Optional[Iterable[BlockId]], part: Optional[Part] = None) -> AbstractState:
+    """The state of a prefix-caching allocator (see :func:`abstract_state`)."""
     contents = _with_live_contents(contents, live_blocks, ledger)
     given: Mapping[BlockId, Optional[ContentKey]] = contents if contents is not None else {}
 
-    ids = _block_ids(allocator, block_ids)
+    ids: Sequence[BlockId]
+    all_cached: Mapping[int, BlockId] = allocator._cached_blocks
+    all_free_table: Mapping[BlockId, Any] = getattr(allocator.evictor, "free_table", {})
+    all_promoted = getattr(allocator, "_touched_blocks", ())
+    if part is None:
+        ids = _block_ids(allocator, block_ids)
+        cached_hashes, free_table, promoted = all_cached, all_free_table, frozenset(all_promoted)
+    else:
+        ids = sorted(part[0])
+        hashes = (ledger.hash_of(k) for k in part[1])
+        cached_hashes = {h: all_cached[h] for h in hashes if h is not None and h in all_cached}
+        free_table = {i: all_free_table[i] for i in ids if i in all_free_table}
+        promoted = frozenset(i for i in ids if i in all_promoted)
     counts = _refcounts(allocator, ids)
-    cached_hashes: Mapping[int, BlockId] = allocator._cached_blocks
     hash_of_id: Dict[BlockId, int] = {}
     for h, i in cached_hashes.items():
         hash_of_id.setdefault(i, h)
@@ -445,7 +493,6 @@ def abstract_state(
     for h, i in cached_hashes.items():
         cached.setdefault(name(h, i), i)
 
-    free_table: Mapping[BlockId, Any] = getattr(allocator.evictor, "free_table", {})
     entries = [
         EvictorEntry(
             last_accessed=_time(meta.last_accessed, f"the evictor's entry of id {i}"),
@@ -457,7 +504,6 @@ def abstract_state(
     ]
     entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
 
-    promoted = frozenset(getattr(allocator, "_touched_blocks", ()))
     trackers: Mapping[BlockId, Any] = getattr(allocator, "_block_tracker", {})
 
     def tracker_of(i: BlockId) -> Any:
@@ -501,10 +547,10 @@ def abstract_state(
     touched = frozenset(i for i in promoted if not computed(i))
 
     hits, misses = hits_and_misses(getattr(allocator, "metric_data", None))
-    hashless = getattr(allocator, "_hashless_allocator", None)
-    return AbstractState(
+    free = getattr(getattr(allocator, "_hashless_allocator", None), "_free_block_indices", ())
+    fields: Dict[str, Any] = dict(
         block_ids=ids,
-        free=tuple(getattr(hashless, "_free_block_indices", ())),
+        free=tuple(free) if part is None else (),
         blocks=blocks,
         cached=cached,
         evictor=tuple(entries),
@@ -515,6 +561,54 @@ def abstract_state(
         reported_free=_reported_free(allocator, reported_free),
         block_size=int(getattr(allocator, "_block_size", 0) or 0),
     )
+    if part is None:
+        return AbstractState(**fields)
+    return _restricted(fields, free, part, len(all_free_table), len(all_cached), block_ids)
+
+
+def free_in_order(free: Sequence[BlockId], wanted: AbstractSet[BlockId]) -> Tuple[BlockId, ...]:
+    """The ids of ``wanted`` that ``free`` lists, in its order: read from its
+    first ``len(wanted) + 1`` ids when they are all there (the usual case:
+    ids are taken from and returned to the front), else from the whole list."""
+    if not wanted:
+        return ()
+    head = tuple(islice(free, len(wanted) + 1))
+    found = tuple(i for i in head if i in wanted)
+    if len(found) == len(wanted) or len(head) == len(free):
+        return found
+    return tuple(i for i in free if i in wanted)
+
+
+def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
+                num_evictable: int, num_cached: int,
+                block_ids: Optional[Iterable[BlockId]]) -> PartialState:
+    """The state of ``fields`` (read at the ids and keys of ``part``) as a
+    PartialState: its free ids among them from the free list ``free``, and
+    the counts of the free list, evictor (``num_evictable``) and cache
+    (``num_cached``) beyond them."""
+    ids, keys = part
+    listed = free_in_order(free, frozenset(i for i in ids if i not in fields["blocks"]))
+    state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
+    state.__dict__.update(
+        fields, free=listed, block_ids=block_ids, ids=frozenset(ids),
+        keys=frozenset(keys), outside_free=len(free) - len(listed),
+        outside_evictable=num_evictable - len(fields["evictor"]),
+        outside_cached=num_cached - len(fields["cached"]))
+    return state
+
+
+def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
+                   reported_free: Optional[int],
+                   block_ids: Optional[Sequence[BlockId]]) -> PartialState:
+    """:func:`abstract_state` restricted to ``part`` (ids, keys)."""
+    if block_ids is None:
+        raise ValueError("a partial state needs the allocator's block_ids")
+    if is_prefix_caching(allocator):
+        return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
+                      block_ids, part)
+    whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
+    free = getattr(allocator, "_free_block_indices", ())
+    return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)
 
 
 def device_name(device: Any) -> str:

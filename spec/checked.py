@@ -3,30 +3,52 @@
 ``CheckedPrefixCachingBlockAllocator``, ``CheckedNaiveBlockAllocator`` and
 ``CheckedCpuGpuBlockAllocator`` subclass the impl's classes (and
 :func:`checked_class` makes the same of any subclass of them).  Every public
-method calls the impl's own method; around it, icontract checks:
+method calls the impl's own method and, around the outermost call (calls the
+impl makes to itself are not checked), checks what the spec says of it:
 
-* the class invariant (:func:`prefixcache.spec.invariants.check_all` on the
-  abstract state, plus "no content hash names two contents") before and
-  after every outermost public call (icontract skips nested calls);
-* a snapshot (``OLD``) of the abstract state and the abstract arguments, and
-  a postcondition: the call was allowed (``pre_X``) and did what ``post_X``
-  of :mod:`prefixcache.spec.contracts` says;
+* every invariant of :mod:`prefixcache.spec.invariants` on the new state;
+* that the call was allowed (``pre_X`` of :mod:`prefixcache.spec.contracts`)
+  and did what ``post_X`` says, on the old and new states;
 * when the call raises instead: the state is unchanged, and, unless the
   error is about the argument's shape (:data:`~prefixcache.spec.error_table.ARGUMENT_ERRORS`),
   ``pre_X`` was indeed False.
 
+Two modes, chosen by ``PREFIXCACHE_CHECK`` (read when this module is
+imported) or per class by ``checked_class(base, check=...)``:
+
+``incremental`` (the default)
+    Checks each call at the elements it touched: the ids and content keys
+    its arguments and result name, the ids it may take (the first free ids
+    and evictor entries, which the spec fixes), every touched id for
+    ``mark_blocks_as_computed``, every cached id for a reset, and the ids
+    and keys these map to, both before and after.  The old state is not
+    read from the allocator but from a :class:`~prefixcache.spec.mirror.Mirror`,
+    the spec's own copy of it, which takes the touched elements' new
+    values once the call has met its contract.  Old and new states are
+    partial states (:class:`~prefixcache.spec.state.PartialState`) over those
+    elements plus the sizes of the rest (free list, evictor, cache), read in O(1),
+    so the very same contracts and invariants run on them, at O(touched)
+    cost, and a change outside the touched elements that changes a size
+    is a violation of the contract.  ``audit()`` checks the whole state
+    (every invariant, and that the allocator's state is the mirror's); it
+    runs at construction, every ``PREFIXCACHE_AUDIT_EVERY`` calls (0, the
+    default: never) and whenever called.  A plain wrapper, not icontract.
+``full``
+    With icontract: the whole abstract state is read before and after
+    every call, and every invariant and contract checked on it (as a class
+    invariant, a snapshot and a postcondition).  Costs grow with the pool.
+
 Appends go through the Blocks, so the checked allocators hand out Blocks of a
-checked subclass whose ``append_token_ids`` is checked the same way.  The
-contracts of calls made from inside another call (``self.x`` inside the
-impl) are not checked: only the call the user made is.  Contracts cannot see
-which Blocks the caller still holds, so the ownership invariant is left to
-callers that know (:func:`prefixcache.spec.abstraction.ownership`).
+checked subclass whose ``append_token_ids`` is checked the same way.
+Contracts cannot see which Blocks the caller still holds, so the ownership
+invariant is left to callers that know (:func:`prefixcache.spec.abstraction.ownership`).
 
 Content keys: each checked allocator keeps a
 :class:`~prefixcache.spec.abstraction.ContentLedger`, fed with every Block
-passed in or handed out, so every cached hash has a name.
+passed in or handed out that may carry new content, so every cached hash
+has a name.
 
-Contracts are on unless ``PREFIXCACHE_CONTRACTS=0`` or Python runs with
+Checking is on unless ``PREFIXCACHE_CONTRACTS=0`` or Python runs with
 ``-O``; when off, the three names are the impl's classes themselves, so the
 cost is zero.
 """
@@ -36,31 +58,56 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type
 
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
 from prefixcache.impl.errors import PrefixCacheError
 from prefixcache.impl.naive_block import NaiveBlock, NaiveBlockAllocator
-from prefixcache.impl.prefix_caching_block import PrefixCachingBlock, PrefixCachingBlockAllocator
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 
 from . import contracts as C
 from .abstraction import (
     AbstractionError,
     ContentLedger,
+    Part,
     abstract_state,
-    chain_keys,
+    chain_of,
     content_key_of,
 )
 from .error_table import ARGUMENT_ERRORS, NAIVE, PREFIX
 from .invariants import check_all
+from .mirror import Mirror
 from .operations import OPERATIONS, operation
-from .state import AbstractState, BlockId, ContentKey
+from .state import AbstractState, BlockId, ContentKey, HashedKey
+
+FULL = "full"
+INCREMENTAL = "incremental"
+MODES = (INCREMENTAL, FULL)
 
 
 def contracts_enabled() -> bool:
     """Return whether contracts are on: Python without ``-O`` and the
     environment variable ``PREFIXCACHE_CONTRACTS`` not ``0``."""
     return __debug__ and os.environ.get("PREFIXCACHE_CONTRACTS", "1").strip() != "0"
+
+
+def check_mode() -> str:
+    """Return the mode ``PREFIXCACHE_CHECK`` names (``incremental`` when
+    unset).  Raises ValueError for another value."""
+    mode = os.environ.get("PREFIXCACHE_CHECK", INCREMENTAL).strip() or INCREMENTAL
+    if mode not in MODES:
+        raise ValueError(f"PREFIXCACHE_CHECK must be one of {', '.join(MODES)}, not {mode!r}")
+    return mode
+
+
+def audit_every() -> int:
+    """Return ``PREFIXCACHE_AUDIT_EVERY`` (0 when unset): in incremental
+    mode, a full audit after every that many checked calls (0: never).
+    Raises ValueError for a value that is not a whole number >= 0."""
+    text = os.environ.get("PREFIXCACHE_AUDIT_EVERY", "0").strip() or "0"
+    if not text.isdigit():
+        raise ValueError(f"PREFIXCACHE_AUDIT_EVERY must be a whole number >= 0, not {text!r}")
+    return int(text)
 
 
 CONTRACTS_ENABLED: bool = contracts_enabled()
@@ -70,7 +117,7 @@ CONTRACTS_ENABLED: bool = contracts_enabled()
 def describe_change(old: AbstractState, new: AbstractState) -> str:
     """Return the fields of the abstract state that differ, old -> new."""
     parts = []
-    for name in AbstractState.__dataclass_fields__:
+    for name in type(old).__dataclass_fields__:
         a, b = getattr(old, name), getattr(new, name)
         if a != b:
             parts.append(f"{name}: {a!r} -> {b!r}")
@@ -80,7 +127,31 @@ def describe_change(old: AbstractState, new: AbstractState) -> str:
 PreFn = Callable[[AbstractState], bool]
 PostFn = Callable[[AbstractState, AbstractState, Any], bool]
 FinishFn = Callable[[Any], Any]
-Adapter = Callable[["Checker", Mapping[str, Any]], Tuple[PreFn, PostFn, FinishFn]]
+
+
+@dataclass
+class Bound:
+    """One call's contract over abstract states (``pre``, ``post``, and
+    ``finish``, which turns the call's result into the contract's), and the
+    elements it touches that its arguments name: ``ids`` and ``keys`` (None
+    entries ignored), ``takes`` (at most how many ids it takes),
+    ``result_ids`` (the finished result is an id), ``new_blocks`` (Blocks
+    whose id or content the call may change), ``all_touched`` (it concerns
+    every touched id) and ``reset`` (every cached id)."""
+
+    pre: PreFn
+    post: PostFn
+    finish: FinishFn
+    ids: Tuple[BlockId, ...] = ()
+    keys: Tuple[Optional[ContentKey], ...] = ()
+    takes: int = 0
+    result_ids: bool = False
+    new_blocks: Tuple[Any, ...] = ()
+    all_touched: bool = False
+    reset: bool = False
+
+
+Adapter = Callable[["Checker", Mapping[str, Any]], Bound]
 
 
 @dataclass
@@ -110,28 +181,57 @@ def _no_pre(s: AbstractState) -> bool:
     return True
 
 
+Binder = Callable[[Tuple[Any, ...], Mapping[str, Any]], Dict[str, Any]]
+
+
+def _binder(fn: Callable[..., Any]) -> Binder:
+    """A fast ``inspect.signature(fn).bind(...)`` with defaults applied, for
+    a function of plain positional-or-keyword parameters."""
+    params = list(inspect.signature(fn).parameters.values())
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    def bind(args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+        bound = dict(defaults)
+        bound.update(zip(names, args))
+        bound.update(kwargs)
+        if len(args) > len(names) or len(bound) != len(names):
+            inspect.signature(fn).bind(*args, **kwargs)  # raises the call's TypeError
+        return bound
+
+    return bind
+
+
 class Checker:
     """The checking machinery one checked allocator carries (as ``_pc``):
-    its ledger, call depth, last snapshot and cached abstract states."""
+    its ledger, call depth, mode, and the mirror (incremental) or the last
+    snapshot and cached abstract states (full)."""
 
-    def __init__(self, allocator: Any, adapters: Mapping[str, Adapter]) -> None:
+    def __init__(self, allocator: Any, adapters: Mapping[str, Adapter],
+                 mode: str = FULL) -> None:
         """Attach to ``allocator``; ``adapters`` map its operations to contracts."""
         self.allocator = allocator
         self.adapters = adapters
+        self.mode = mode
         self.ledger = ContentLedger()
         self.depth = 0
         self.record: Optional[Record] = None
         self.cache: Optional[Tuple[str, AbstractState]] = None
         self.failure = ""
+        self.mirror: Optional[Mirror] = None
+        self.calls = 0
+        self.audit_every = audit_every()
         self._readers: Optional[Tuple[Callable[[Any], Any], Callable[[Any], int]]] = None
         self._signatures: Dict[Any, inspect.Signature] = {}
+        self._binders: Dict[Any, Callable[..., Dict[str, Any]]] = {}
 
     # -- reading ---------------------------------------------------------------
 
-    def state(self) -> AbstractState:
-        """The allocator's abstract state now, read through the undecorated
-        ``all_block_ids`` and ``get_num_free_blocks`` of the instance's class
-        (so no contract runs inside the reading)."""
+    def _read(self, part: Optional[Part] = None) -> AbstractState:
+        """The allocator's abstract state now (``part``: at those elements),
+        read through the undecorated ``all_block_ids`` and
+        ``get_num_free_blocks`` of the instance's class (so no contract runs
+        inside the reading)."""
         if self._readers is None:
             cls = type(self.allocator)
             self._readers = (inspect.unwrap(cls.all_block_ids.fget),
@@ -140,19 +240,28 @@ class Checker:
         a = self.allocator
         self.depth += 1         # the readers may call checked methods: they run plain
         try:
+            if part is not None:
+                assert self.mirror is not None
+                return abstract_state(a, ledger=self.ledger, reported_free=free_of(a),
+                                      block_ids=self.mirror.block_ids, part=part)
             ids, free = ids_of(a), free_of(a)
             return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids)
         finally:
             self.depth -= 1
 
-    def _checked_state(self, when: str) -> AbstractState:
-        """``state()``, with an unnameable content turned into a violation."""
+    def state(self) -> AbstractState:
+        """The allocator's whole abstract state now."""
+        return self._read()
+
+    def _checked_state(self, when: str, part: Optional[Part] = None) -> AbstractState:
+        """``_read(part)``, with an unnameable content turned into a violation."""
         import icontract
 
         try:
-            return self.state()
+            return self._read(part)
         except AbstractionError as exc:
             self.cache = None
+            self.mirror = None
             raise icontract.ViolationError(
                 f"{when}: the allocator caches content no Block it handed out spells ({exc})"
             ) from exc
@@ -174,17 +283,23 @@ class Checker:
         """The content key of a hashed Block, else None."""
         if getattr(block, "content_hash", None) is None:
             return None
-        return content_key_of(block)
+        prefix = self.prefix_of(getattr(block, "prev_block", None))
+        if prefix is None:
+            return content_key_of(block)
+        return HashedKey(prefix + ((getattr(block, "extra_hash", None), tuple(block.token_ids)),))
 
     def prefix_of(self, prev_block: Any) -> Optional[ContentKey]:
         """The content key a new block chained after ``prev_block`` extends
         (``()`` for a first block), or None when ``prev_block`` is not hashed
-        (then nothing after it is)."""
+        (then nothing after it is).  The key the ledger names for its hash
+        when it has one (each hash is named once, when first shown, and a
+        second content for it is a collision), else spelled from its chain."""
         if prev_block is None:
             return ()
-        if getattr(prev_block, "content_hash", None) is None:
+        h = getattr(prev_block, "content_hash", None)
+        if h is None:
             return None
-        return content_key_of(prev_block)
+        return self.ledger.name(h) or content_key_of(prev_block)
 
     def new_keys(
         self, prev_block: Any, lists: Iterable[Any], extra_hash: Any
@@ -199,7 +314,7 @@ class Checker:
                 prefix = None
                 keys.append(None)
                 continue
-            prefix = prefix + ((extra_hash, tuple(tokens)),)
+            prefix = HashedKey(prefix + ((extra_hash, tuple(tokens)),))
             keys.append(prefix)
         return keys
 
@@ -215,7 +330,18 @@ class Checker:
         if blocks:
             self.ledger.observe_blocks(blocks)
 
-    # -- invariants ------------------------------------------------------------
+    def observe_new(self, blocks: Iterable[Any]) -> None:
+        """Feed the ledger the hash and key of each hashed Block of ``blocks``
+        (Blocks that may carry content new to it), first block first: O(its
+        key) each, its chain's earlier blocks named by the ledger already."""
+        for b in blocks:
+            h = getattr(b, "content_hash", None) if self.owns(b) else None
+            if h is not None:
+                key = self.key_of(b)
+                if key is not None:
+                    self.ledger.observe(h, key)
+
+    # -- invariants (full mode) ------------------------------------------------
 
     def invariants_hold(self) -> bool:
         """Check every state invariant (and the ledger) now; on failure keep
@@ -230,7 +356,7 @@ class Checker:
             return False
         return True
 
-    # -- contracts -------------------------------------------------------------
+    # -- contracts (full mode) -------------------------------------------------
 
     def snapshot(self, op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
                  kwargs: Mapping[str, Any]) -> Optional[Record]:
@@ -244,8 +370,8 @@ class Checker:
             sig = self._signatures[fn] = inspect.signature(fn)
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        pre, post, finish = self.adapters[op](self, bound.arguments)
-        rec = Record(op=op, old=old, pre=pre(old), post=post, finish=finish)
+        b = self.adapters[op](self, bound.arguments)
+        rec = Record(op=op, old=old, pre=b.pre(old), post=b.post, finish=b.finish)
         self.record = rec
         return rec
 
@@ -259,31 +385,33 @@ class Checker:
         except BaseException as exc:
             self.depth -= 1
             if self.depth == 0:
-                self.after_error(exc)
+                rec, self.record = self.record, None
+                self.cache = None
+                if rec is not None:
+                    new = self._checked_state(f"{rec.op} raised {exc!r}")
+                    self.judge_error(rec.op, rec.old, new, rec.pre, exc)
             raise
         self.depth -= 1
         self.observe(result, *args, *kwargs.values())
         return result
 
-    def after_error(self, exc: BaseException) -> None:
+    def judge_error(self, op: str, old: AbstractState, new: AbstractState, pre: bool,
+                    exc: BaseException) -> None:
         """The call raised ``exc``: the state must be unchanged, and the
         precondition must have been False (unless the error is about the
         argument's shape).  Raises ViolationError otherwise."""
         import icontract
 
-        rec, self.record = self.record, None
-        self.cache = None
-        if rec is None:
-            return
-        new = self._checked_state(f"{rec.op} raised {exc!r}")
-        if new != rec.old:
+        if new != old:
+            self.mirror = None
             raise icontract.ViolationError(
-                f"{rec.op} raised {exc!r} but changed the state: {describe_change(rec.old, new)}"
+                f"{op} raised {exc!r} but changed the state: {describe_change(old, new)}"
             ) from exc
         checked = isinstance(exc, (PrefixCacheError, NotImplementedError))
-        if rec.pre and checked and not isinstance(exc, ARGUMENT_ERRORS):
+        if pre and checked and not isinstance(exc, ARGUMENT_ERRORS):
+            self.mirror = None
             raise icontract.ViolationError(
-                f"{rec.op} raised {exc!r} although its precondition holds"
+                f"{op} raised {exc!r} although its precondition holds"
             ) from exc
 
     def post(self, rec: Optional[Record], result: Any) -> bool:
@@ -292,18 +420,168 @@ class Checker:
             return True
         self.record = None
         new = self._checked_state(f"after {rec.op}")
-        if not rec.pre:
-            self.failure = f"{rec.op} succeeded although its precondition does not hold"
-            return False
-        if not rec.post(rec.old, new, rec.finish(result)):
-            self.failure = (f"{rec.op} broke its postcondition (result {result!r}): "
-                            f"{describe_change(rec.old, new)}")
-            if self.ledger.aliases:
-                self.failure += (" [note: one content key was seen under two hashes "
-                                 "(a chain mixing extra hashes); the key cannot tell them apart]")
+        self.failure = self.judge(rec.op, rec.old, new, rec.pre, rec.post, result, rec.finish)
+        if self.failure:
             return False
         self.cache = ("post", new)
         return True
+
+    def judge(self, op: str, old: AbstractState, new: AbstractState, pre: bool,
+              post: PostFn, result: Any, finish: FinishFn) -> str:
+        """Why the successful call ``op`` broke its contract, or ""."""
+        if not pre:
+            return f"{op} succeeded although its precondition does not hold"
+        if not post(old, new, finish(result)):
+            failure = (f"{op} broke its postcondition (result {result!r}): "
+                       f"{describe_change(old, new)}")
+            if self.ledger.aliases:
+                failure += (" [note: one content key was seen under two hashes "
+                            "(a chain mixing extra hashes); the key cannot tell them apart]")
+            return failure
+        return ""
+
+    # -- incremental mode ------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the allocator's whole state as the mirror, after a full audit
+        of it (at construction, and after a violation)."""
+        import icontract
+
+        whole = self._checked_state("audit")
+        violated = check_all(whole)
+        if violated:
+            raise icontract.ViolationError(
+                f"invariants violated: {', '.join(violated)}; state: {whole!r}")
+        self.mirror = Mirror(whole)
+
+    def audit(self) -> None:
+        """The full check: every invariant on the allocator's whole state, and
+        that state equal to the mirror's (O(pool size)).  Raises
+        ViolationError naming what differs."""
+        import icontract
+
+        if self.mirror is None:
+            self.start()
+            return
+        whole = self._checked_state("audit")
+        violated = check_all(whole)
+        expected = self.mirror.state()
+        if violated or not C.agrees(expected, whole, frozenset()):
+            self.mirror = None
+            raise icontract.ViolationError(
+                f"audit: invariants violated: {', '.join(violated) or 'none'}; the state "
+                f"differs from the spec's: {describe_change(expected, whole)}")
+
+    def elements(self, bound: Bound, result: Any, failed: bool) -> Part:
+        """The ids and keys the call touched: those its arguments and result
+        name, the ids it may take, the touched or cached ids it concerns,
+        and the ids and keys these map to before (in the mirror) and after
+        (in the allocator)."""
+        m = self.mirror
+        assert m is not None
+        a = self.allocator
+        ids: Set[BlockId] = set(bound.ids)
+        keys: Set[ContentKey] = {k for k in bound.keys if k is not None}
+        if not failed:
+            if bound.result_ids:
+                ids.update(_ids_in(bound.finish(result)))
+            elif bound.finish is _ids_of_result or bound.finish is _id_of_result:
+                ids.update(_ids_in(bound.finish(result)))
+            for b in (*bound.new_blocks, *_blocks_in(result)):
+                ids.update(_ids_in(getattr(b, "block_id", None)))
+                h = getattr(b, "content_hash", None)
+                name = self.ledger.name(h) if h is not None else None
+                if name is not None:
+                    keys.add(name)
+        free, victims = m.head(bound.takes)
+        ids.update(free)
+        ids.update(victims)
+        touched = getattr(a, "_touched_blocks", ())
+        if bound.all_touched:
+            ids.update(m.touched)
+            ids.update(touched)
+        table = getattr(getattr(a, "evictor", None), "free_table", {})
+        if bound.reset:
+            ids.update(m.blocks if not m.in_use else (next(iter(m.in_use)),))
+            ids.update(table)
+        cached = getattr(a, "_cached_blocks", {})
+        ledger = self.ledger
+        known = m.block_ids
+        todo_ids, todo_keys = list(ids), list(keys)
+        while todo_ids or todo_keys:
+            for i in todo_ids:
+                b = m.blocks.get(i)
+                meta = table.get(i)
+                for k in (b.content if b is not None else None,
+                          ledger.name(meta.content_hash) if meta is not None else None):
+                    if k is not None and k not in keys:
+                        keys.add(k)
+                        todo_keys.append(k)
+            todo_ids = []
+            for k in todo_keys:
+                h = ledger.hash_of(k)
+                for j in (m.cached.get(k), cached.get(h) if h is not None else None):
+                    if j is not None and j not in ids:
+                        ids.add(j)
+                        todo_ids.append(j)
+            todo_keys = []
+        return (frozenset(i for i in ids if i in known), frozenset(keys))
+
+    def run(self, op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
+            kwargs: Mapping[str, Any]) -> Any:
+        """Call the impl's method ``fn`` (``args[0]`` the allocator) and
+        check the call incrementally (see the module doc)."""
+        bind = self._binders.get(fn)
+        if bind is None:
+            bind = self._binders[fn] = _binder(fn)
+        return self.run_bound(op, lambda: fn(*args, **kwargs), bind(args, kwargs))
+
+    def run_bound(self, op: str, call: Callable[[], Any], arguments: Mapping[str, Any]) -> Any:
+        """``call()``, the operation ``op`` with ``arguments``, checked
+        incrementally."""
+        import icontract
+
+        if self.mirror is None:
+            self.start()
+        bound = self.adapters[op](self, arguments)
+        self.depth += 1
+        try:
+            result = call()
+        except BaseException as exc:
+            self.depth -= 1
+            part = self.elements(bound, None, True)
+            old = self.mirror.part(part)  # type: ignore[union-attr]
+            self.judge_error(op, old, self._checked_state(f"{op} raised {exc!r}", part),
+                             bound.pre(old), exc)
+            raise
+        self.depth -= 1
+        collisions = len(self.ledger.collisions)
+        self.observe_new(bound.new_blocks)
+        self.observe_new(_blocks_in(result))
+        part = self.elements(bound, result, False)
+        mirror = self.mirror
+        assert mirror is not None
+        old = mirror.part(part)
+        new = self._checked_state(f"after {op}", part)
+        failure = self.judge(op, old, new, bound.pre(old), bound.post, result, bound.finish)
+        changed = new.changed(old)  # type: ignore[attr-defined]
+        if not failure:
+            violated = check_all(new.narrowed(*changed))  # type: ignore[attr-defined]
+            violated += ["content_collision: " + line
+                         for line in self.ledger.anomalies()[collisions:]]
+            if violated:
+                failure = (f"invariants violated at the elements {op} touched: "
+                           f"{', '.join(violated)}; state: {new!r}")
+        if failure:
+            self.mirror = None
+            raise icontract.ViolationError(failure)
+        free = getattr(getattr(self.allocator, "_hashless_allocator", self.allocator),
+                       "_free_block_indices", ())
+        mirror.commit(old, new, free, changed)  # type: ignore[arg-type]
+        self.calls += 1
+        if self.audit_every and self.calls % self.audit_every == 0:
+            self.audit()
+        return result
 
     def run_append(self, block: Any, token_ids: Any, fn: Callable[[Any], None]) -> None:
         """Check an append made through a Block like an outermost call."""
@@ -312,11 +590,15 @@ class Checker:
         if self.depth > 0:
             fn(token_ids)
             return
+        if self.mode == INCREMENTAL:
+            self.run_bound("append_token_ids", lambda: fn(token_ids),
+                           {"block": block, "token_ids": token_ids})
+            return
         self.cache = None
         old = self.state()
-        pre, post, finish = self.adapters["append_token_ids"](
-            self, {"block": block, "token_ids": token_ids})
-        rec = Record(op="append_token_ids", old=old, pre=pre(old), post=post, finish=finish)
+        b = self.adapters["append_token_ids"](self, {"block": block, "token_ids": token_ids})
+        rec = Record(op="append_token_ids", old=old, pre=b.pre(old), post=b.post,
+                     finish=b.finish)
         self.record = rec
         self.call(fn, (token_ids,), {})
         self.observe(block)
@@ -328,71 +610,88 @@ class Checker:
         self.cache = None
 
 
+def _ids_in(value: Any) -> List[BlockId]:
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [i for i in items if type(i) is int]
+
+
+def _blocks_in(value: Any) -> List[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value] if hasattr(value, "content_hash") else []
+
+
 # ==========================================================================
-# adapters: concrete arguments -> (pre, post, finish) over abstract states
+# adapters: concrete arguments -> the contract over abstract states, and the
+# elements the call touches
 
 
-def _a_allocate_mutable(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (C.pre_allocate_mutable_block, C.post_allocate_mutable_block, _id_of_result)
+def _ids(*ids: Any) -> Tuple[BlockId, ...]:
+    return tuple(i for i in ids if type(i) is int)
 
 
-def _a_allocate_immutable(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_allocate_mutable(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(C.pre_allocate_mutable_block, C.post_allocate_mutable_block, _id_of_result,
+                 takes=1)
+
+
+def _a_allocate_immutable(c: Checker, a: Mapping[str, Any]) -> Bound:
     (key,) = c.new_keys(a["prev_block"], [a["token_ids"]], a["extra_hash"])
-    return (lambda s: C.pre_allocate_immutable_block(s, key),
-            lambda o, n, r: C.post_allocate_immutable_block(o, n, r, key),  # type: ignore[arg-type]
-            _id_of_result)
+    return Bound(lambda s: C.pre_allocate_immutable_block(s, key),
+                 lambda o, n, r: C.post_allocate_immutable_block(o, n, r, key),  # type: ignore[arg-type]
+                 _id_of_result, keys=(key,), takes=1)
 
 
-def _a_allocate_immutables(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_allocate_immutables(c: Checker, a: Mapping[str, Any]) -> Bound:
     lists = a["block_token_ids"]
     keys = c.new_keys(a["prev_block"], lists if isinstance(lists, (list, tuple)) else [],
                       a["extra_hash"])
-    return (lambda s: C.pre_allocate_immutable_blocks(s, keys),
-            lambda o, n, r: C.post_allocate_immutable_blocks(o, n, r, keys),  # type: ignore[arg-type]
-            _ids_of_result)
+    return Bound(lambda s: C.pre_allocate_immutable_blocks(s, keys),
+                 lambda o, n, r: C.post_allocate_immutable_blocks(o, n, r, keys),  # type: ignore[arg-type]
+                 _ids_of_result, keys=tuple(keys), takes=len(keys))
 
 
-def _a_free(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_free(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = c.id_of(a["block"])
-    return (lambda s: C.pre_free(s, i),
-            lambda o, n, r: C.post_free(o, n, r, i),  # type: ignore[arg-type]
-            _same)
+    return Bound(lambda s: C.pre_free(s, i),
+                 lambda o, n, r: C.post_free(o, n, r, i),  # type: ignore[arg-type]
+                 _same, ids=_ids(i))
 
 
-def _a_free_block_id(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_free_block_id(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = a["block_id"]
     i = i if type(i) is int else None
-    return (lambda s: C.pre_free_block_id(s, i),
-            lambda o, n, r: C.post_free_block_id(o, n, r, i),  # type: ignore[arg-type]
-            _same)
+    return Bound(lambda s: C.pre_free_block_id(s, i),
+                 lambda o, n, r: C.post_free_block_id(o, n, r, i),  # type: ignore[arg-type]
+                 _same, ids=_ids(i))
 
 
-def _a_fork(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_fork(c: Checker, a: Mapping[str, Any]) -> Bound:
     last = a["last_block"]
-    ids = [c.id_of(b) for b, _ in chain_keys(last)] if c.owns(last) else [None]
-    return (lambda s: C.pre_fork(s, ids),
-            lambda o, n, r: C.post_fork(o, n, r, ids),  # type: ignore[arg-type]
-            _ids_of_result)
+    ids = [c.id_of(b) for b in chain_of(last)] if c.owns(last) else [None]
+    return Bound(lambda s: C.pre_fork(s, ids),
+                 lambda o, n, r: C.post_fork(o, n, r, ids),  # type: ignore[arg-type]
+                 _ids_of_result, ids=_ids(*ids))
 
 
-def _a_cow(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_cow(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = c.id_of(a["block"])
-    return (lambda s: C.pre_cow_block_if_not_appendable(s, i),
-            lambda o, n, r: C.post_cow_block_if_not_appendable(o, n, r, i),  # type: ignore[arg-type]
-            _same)
+    return Bound(lambda s: C.pre_cow_block_if_not_appendable(s, i),
+                 lambda o, n, r: C.post_cow_block_if_not_appendable(o, n, r, i),  # type: ignore[arg-type]
+                 _same, ids=_ids(i), takes=1, result_ids=True)
 
 
-def _a_promote(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_promote(c: Checker, a: Mapping[str, Any]) -> Bound:
     block = a["block"]
     i = c.id_of(block)
     key = c.key_of(block) if c.owns(block) else None
-    return (lambda s: C.pre_promote_to_immutable_block(s, i, key),
-            lambda o, n, r: C.post_promote_to_immutable_block(o, n, r, i, key),  # type: ignore[arg-type]
-            _same)
+    return Bound(lambda s: C.pre_promote_to_immutable_block(s, i, key),
+                 lambda o, n, r: C.post_promote_to_immutable_block(o, n, r, i, key),  # type: ignore[arg-type]
+                 _same, ids=_ids(i), keys=(key,), result_ids=True, new_blocks=(block,))
 
 
-def _a_naive_promote(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (lambda s: False, lambda o, n, r: False, _same)
+def _a_naive_promote(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(lambda s: False, lambda o, n, r: False, _same)
 
 
 def _append_args(c: Checker, block: Any, token_ids: Any) -> Tuple[Optional[BlockId], int, int]:
@@ -402,7 +701,7 @@ def _append_args(c: Checker, block: Any, token_ids: Any) -> Tuple[Optional[Block
     return i, room, n
 
 
-def _a_append(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_append(c: Checker, a: Mapping[str, Any]) -> Bound:
     block, tokens = a["block"], a["token_ids"]
     i, room, n = _append_args(c, block, tokens)
     immutable = bool(block.computed) or block.content_hash is not None
@@ -410,165 +709,167 @@ def _a_append(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn
     if i is not None and n == room and n > 0:
         prefix = c.prefix_of(block.prev_block)
         if prefix is not None:
-            full_key = prefix + ((block.extra_hash, tuple(block.token_ids) + tuple(tokens)),)
-    return (lambda s: C.pre_append_token_ids(s, i, immutable, room, n, full_key),
-            lambda o, n_, r: C.post_append_token_ids(o, n_, block.block_id, i, immutable,
-                                                     room, n, full_key),
-            _same)
+            full_key = HashedKey(prefix + ((block.extra_hash,
+                                            tuple(block.token_ids) + tuple(tokens)),))
+    return Bound(lambda s: C.pre_append_token_ids(s, i, immutable, room, n, full_key),
+                 lambda o, n_, r: C.post_append_token_ids(o, n_, block.block_id, i, immutable,
+                                                          room, n, full_key),
+                 _same, ids=_ids(i), keys=(full_key,), takes=1, new_blocks=(block,))
 
 
-def _a_naive_append(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_naive_append(c: Checker, a: Mapping[str, Any]) -> Bound:
     block, tokens = a["block"], a["token_ids"]
     i, room, n = _append_args(c, block, tokens)
-    return (lambda s: C.pre_naive_append_token_ids(s, i, room, n),
-            lambda o, n_, r: C.post_naive_append_token_ids(o, n_, block.block_id, i, room, n),
-            _same)
+    return Bound(lambda s: C.pre_naive_append_token_ids(s, i, room, n),
+                 lambda o, n_, r: C.post_naive_append_token_ids(o, n_, block.block_id, i, room, n),
+                 _same, ids=_ids(i), takes=1, new_blocks=(block,))
 
 
-def _a_clear_cows(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (C.pre_clear_copy_on_writes, C.post_clear_copy_on_writes, _same)
+def _a_clear_cows(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(C.pre_clear_copy_on_writes, C.post_clear_copy_on_writes, _same)
 
 
-def _a_mark_accessed(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_mark_accessed(c: Checker, a: Mapping[str, Any]) -> Bound:
     ids = list(a["block_ids"]) if isinstance(a["block_ids"], (list, tuple)) else []
     now = a["now"]
-    return (lambda s: C.pre_mark_blocks_as_accessed(s, ids, now),
-            lambda o, n, r: C.post_mark_blocks_as_accessed(o, n, r, ids, now),
-            _same)
+    return Bound(lambda s: C.pre_mark_blocks_as_accessed(s, ids, now),
+                 lambda o, n, r: C.post_mark_blocks_as_accessed(o, n, r, ids, now),
+                 _same, ids=_ids(*ids))
 
 
-def _a_mark_computed(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_mark_computed(c: Checker, a: Mapping[str, Any]) -> Bound:
     ids = a["block_ids"]
-    return (_no_pre, lambda o, n, r: C.post_mark_blocks_as_computed(o, n, r, ids), _same)
+    return Bound(_no_pre, lambda o, n, r: C.post_mark_blocks_as_computed(o, n, r, ids), _same,
+                 all_touched=True)
 
 
-def _a_naive_no_change(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (_no_pre, C.post_naive_query_no_change, _same)
+def _a_naive_no_change(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(_no_pre, C.post_naive_query_no_change, _same)
 
 
-def _a_common(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_common(c: Checker, a: Mapping[str, Any]) -> Bound:
     lists = [list(x) for x in a["computed_seq_block_ids"]]
-    return (_no_pre, lambda o, n, r: C.post_get_common_computed_block_ids(o, n, r, lists), _same)
+    return Bound(_no_pre, lambda o, n, r: C.post_get_common_computed_block_ids(o, n, r, lists),
+                 _same)
 
 
-def _a_naive_common(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_naive_common(c: Checker, a: Mapping[str, Any]) -> Bound:
     lists = a["computed_seq_block_ids"]
-    return (_no_pre, lambda o, n, r: C.post_naive_get_common_computed_block_ids(o, n, r, lists),
-            _same)
+    return Bound(_no_pre,
+                 lambda o, n, r: C.post_naive_get_common_computed_block_ids(o, n, r, lists), _same)
 
 
-def _a_full_touched(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_full_touched(c: Checker, a: Mapping[str, Any]) -> Bound:
     entries = [(bool(b.is_full), c.key_of(b) if b.is_full else None) for b in a["blocks"]]
-    return (_no_pre, lambda o, n, r: C.post_get_num_full_blocks_touched(o, n, r, entries), _same)
+    return Bound(_no_pre, lambda o, n, r: C.post_get_num_full_blocks_touched(o, n, r, entries),
+                 _same, keys=tuple(k for _, k in entries))
 
 
-def _a_naive_full_touched(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_naive_full_touched(c: Checker, a: Mapping[str, Any]) -> Bound:
     entries = [(id(b), bool(b.is_full)) for b in a["blocks"]]
-    return (_no_pre, lambda o, n, r: C.post_naive_get_num_full_blocks_touched(o, n, r, entries),
-            _same)
+    return Bound(_no_pre,
+                 lambda o, n, r: C.post_naive_get_num_full_blocks_touched(o, n, r, entries), _same)
 
 
-def _a_find_prefix(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_find_prefix(c: Checker, a: Mapping[str, Any]) -> Bound:
     keys = [c.ledger.name(h) for h in a["block_hashes"]]
-    return (_no_pre, lambda o, n, r: C.post_find_cached_blocks_prefix(o, n, r, keys), len)
+    return Bound(_no_pre, lambda o, n, r: C.post_find_cached_blocks_prefix(o, n, r, keys), len,
+                 keys=tuple(keys))
 
 
-def _a_naive_find_prefix(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (_no_pre, lambda o, n, r: C.post_naive_find_cached_blocks_prefix(o, n, r, []), len)
+def _a_naive_find_prefix(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(_no_pre, lambda o, n, r: C.post_naive_find_cached_blocks_prefix(o, n, r, []), len)
 
 
-def _a_swap_out(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_swap_out(c: Checker, a: Mapping[str, Any]) -> Bound:
     seen: set[int] = set()
     ids: List[Optional[BlockId]] = []
     for b in a["blocks"]:
         # a Block listed again is detached by then: it held one reference
         ids.append(None if id(b) in seen else c.id_of(b))
         seen.add(id(b))
-    return (lambda s: C.pre_swap_out(s, ids),
-            lambda o, n, r: C.post_swap_out(o, n, r, ids),  # type: ignore[arg-type]
-            _same)
+    return Bound(lambda s: C.pre_swap_out(s, ids),
+                 lambda o, n, r: C.post_swap_out(o, n, r, ids),  # type: ignore[arg-type]
+                 _same, ids=_ids(*ids))
 
 
-def _a_swap_in(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_swap_in(c: Checker, a: Mapping[str, Any]) -> Bound:
     blocks = list(a["blocks"])
     keys = [c.key_of(b) for b in blocks]
     distinct = len({id(b) for b in blocks}) == len(blocks)
-    return (lambda s: C.pre_swap_in(s, keys, distinct),
-            lambda o, n, r: C.post_swap_in(o, n, [b.block_id for b in blocks], keys),
-            _same)
+    return Bound(lambda s: C.pre_swap_in(s, keys, distinct),
+                 lambda o, n, r: C.post_swap_in(o, n, [b.block_id for b in blocks], keys),
+                 _same, keys=tuple(keys), takes=len(blocks), new_blocks=tuple(blocks))
 
 
-def _a_naive_swap_in(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_naive_swap_in(c: Checker, a: Mapping[str, Any]) -> Bound:
     blocks = list(a["blocks"])
     distinct = len({id(b) for b in blocks}) == len(blocks)
-    return (lambda s: C.pre_naive_swap_in(s, len(blocks), distinct),
-            lambda o, n, r: C.post_naive_swap_in(o, n, [b.block_id for b in blocks], len(blocks)),
-            _same)
+    return Bound(lambda s: C.pre_naive_swap_in(s, len(blocks), distinct),
+                 lambda o, n, r: C.post_naive_swap_in(o, n, [b.block_id for b in blocks],
+                                                      len(blocks)),
+                 _same, takes=len(blocks), new_blocks=tuple(blocks))
 
 
-def _a_naive_allocate_immutable(
-    c: Checker, a: Mapping[str, Any]
-) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_naive_allocate_immutable(c: Checker, a: Mapping[str, Any]) -> Bound:
     tokens = a["token_ids"]
     fits = isinstance(tokens, (list, tuple)) and len(tokens) <= c.allocator._block_size
-    return (lambda s: C.pre_naive_allocate_immutable_block(s, fits),
-            C.post_naive_allocate_immutable_block, _id_of_result)
+    return Bound(lambda s: C.pre_naive_allocate_immutable_block(s, fits),
+                 C.post_naive_allocate_immutable_block, _id_of_result, takes=1)
 
 
-def _a_naive_allocate_immutables(
-    c: Checker, a: Mapping[str, Any]
-) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_naive_allocate_immutables(c: Checker, a: Mapping[str, Any]) -> Bound:
     lists = a["block_token_ids"]
     lists = list(lists) if isinstance(lists, (list, tuple)) else []
     size = c.allocator._block_size
     fits = all(isinstance(t, (list, tuple)) and len(t) <= size for t in lists)
-    return (lambda s: C.pre_naive_allocate_immutable_blocks(s, len(lists), fits),
-            lambda o, n, r: C.post_naive_allocate_immutable_blocks(o, n, r, len(lists)),
-            _ids_of_result)
+    return Bound(lambda s: C.pre_naive_allocate_immutable_blocks(s, len(lists), fits),
+                 lambda o, n, r: C.post_naive_allocate_immutable_blocks(o, n, r, len(lists)),
+                 _ids_of_result, takes=len(lists))
 
 
-def _a_reset(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (C.pre_reset_prefix_cache, C.post_reset_prefix_cache, _same)
+def _a_reset(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(C.pre_reset_prefix_cache, C.post_reset_prefix_cache, _same, reset=True)
 
 
-def _a_naive_reset(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (_no_pre, C.post_naive_reset_prefix_cache, _same)
+def _a_naive_reset(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(_no_pre, C.post_naive_reset_prefix_cache, _same)
 
 
-def _a_hit_rate(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (_no_pre, C.post_get_prefix_cache_hit_rate, _same)
+def _a_hit_rate(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(_no_pre, C.post_get_prefix_cache_hit_rate, _same)
 
 
-def _a_naive_hit_rate(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (_no_pre, C.post_naive_get_prefix_cache_hit_rate, _same)
+def _a_naive_hit_rate(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(_no_pre, C.post_naive_get_prefix_cache_hit_rate, _same)
 
 
-def _a_num_free(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_num_free(c: Checker, a: Mapping[str, Any]) -> Bound:
     ok = a.get("device") is None
-    return (lambda s: ok, C.post_get_num_free_blocks, _same)
+    return Bound(lambda s: ok, C.post_get_num_free_blocks, _same)
 
 
-def _a_num_total(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
-    return (_no_pre, C.post_get_num_total_blocks, _same)
+def _a_num_total(c: Checker, a: Mapping[str, Any]) -> Bound:
+    return Bound(_no_pre, C.post_get_num_total_blocks, _same)
 
 
-def _a_physical(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_physical(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = a["absolute_id"]
-    return (lambda s: C.pre_get_physical_block_id(s, i),
-            lambda o, n, r: C.post_get_physical_block_id(o, n, r, i), _same)
+    return Bound(lambda s: C.pre_get_physical_block_id(s, i),
+                 lambda o, n, r: C.post_get_physical_block_id(o, n, r, i), _same, ids=_ids(i))
 
 
-def _a_is_block_cached(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_is_block_cached(c: Checker, a: Mapping[str, Any]) -> Bound:
     block = a["block"]
     key = c.key_of(block) if c.owns(block) else None
-    return (lambda s: C.pre_is_block_cached(s, key),
-            lambda o, n, r: C.post_is_block_cached(o, n, r, key), _same)
+    return Bound(lambda s: C.pre_is_block_cached(s, key),
+                 lambda o, n, r: C.post_is_block_cached(o, n, r, key), _same, keys=(key,))
 
 
-def _a_block_is_computed(c: Checker, a: Mapping[str, Any]) -> Tuple[PreFn, PostFn, FinishFn]:
+def _a_block_is_computed(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = a["block_id"]
-    return (lambda s: C.pre_block_is_computed(s, i),
-            lambda o, n, r: C.post_block_is_computed(o, n, r, i), _same)
+    return Bound(lambda s: C.pre_block_is_computed(s, i),
+                 lambda o, n, r: C.post_block_is_computed(o, n, r, i), _same, ids=_ids(i))
 
 
 _COMMON: Dict[str, Adapter] = {
@@ -625,9 +926,21 @@ NAIVE_ADAPTERS: Dict[str, Adapter] = {
 # building the checked classes
 
 
-def _checked_method(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A method that calls ``fn`` (the impl's) under the contract of ``name``."""
+def _checked_method(name: str, fn: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    """A method that calls ``fn`` (the impl's) under the contract of ``name``:
+    in ``full`` mode through icontract, in ``incremental`` mode through
+    :meth:`Checker.run`."""
     import functools
+
+    if mode == INCREMENTAL:
+        @functools.wraps(fn)
+        def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+            c = self._pc
+            if c.depth:
+                return fn(self, *args, **kwargs)
+            return c.run(name, fn, (self, *args), kwargs)
+
+        return checked
 
     import icontract
 
@@ -659,9 +972,27 @@ def _contracted(kind: str, adapters: Mapping[str, Adapter]) -> List[str]:
     return methods
 
 
-def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter]) -> None:
+def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter],
+                   mode: str) -> type:
+    """Give ``cls`` a checked method per operation; return it, with the
+    icontract class invariant in ``full`` mode."""
     for name in _contracted(kind, adapters):
-        setattr(cls, name, _checked_method(name, getattr(base, name)))
+        setattr(cls, name, _checked_method(name, getattr(base, name), mode))
+    return _invariant(cls) if mode == FULL else cls
+
+
+def _construct(self: Any, adapters: Mapping[str, Adapter], mode: str,
+               init: Callable[[], None]) -> None:
+    """Attach a Checker to the new allocator ``self`` and run ``init`` (the
+    impl's constructor) unchecked; in incremental mode, then audit it."""
+    self._pc = Checker(self, adapters, mode)
+    self._pc.depth = 1
+    try:
+        init()
+    finally:
+        self._pc.depth = 0
+    if mode == INCREMENTAL:
+        self._pc.start()
 
 
 def _invariant(cls: type) -> type:
@@ -674,73 +1005,77 @@ def _invariant(cls: type) -> type:
     )(cls)
 
 
-class _CheckedPrefixCachingBlock(PrefixCachingBlock):
-    """A PrefixCachingBlock whose appends are checked by its allocator."""
-
-    __slots__ = ()
-
-    def append_token_ids(self, token_ids: List[int]) -> None:
-        """Append as the impl does, under the append contract."""
-        checker = getattr(self._allocator, "_pc", None)
-        if checker is None:
-            super().append_token_ids(token_ids)
-        else:
-            checker.run_append(self, token_ids, super().append_token_ids)
+_CHECKED_BLOCKS: Dict[type, type] = {}
 
 
-class _CheckedNaiveBlock(NaiveBlock):
-    """A NaiveBlock whose appends are checked by its allocator."""
+def _checked_block(block: Any) -> Any:
+    """``block``, its class now a subclass of its own whose
+    ``append_token_ids`` is checked by its allocator (the allocator's own
+    Block class, faults included, is kept)."""
+    cls = type(block)
+    checked = _CHECKED_BLOCKS.get(cls)
+    if checked is None:
+        def append_token_ids(self: Any, token_ids: List[int]) -> None:
+            """Append as the Block's class does, under the append contract."""
+            checker = getattr(self._allocator, "_pc", None)
+            if checker is None:
+                cls.append_token_ids(self, token_ids)
+            else:
+                checker.run_append(self, token_ids,
+                                   lambda tokens: cls.append_token_ids(self, tokens))
 
-    __slots__ = ()
-
-    def append_token_ids(self, token_ids: List[int]) -> None:
-        """Append as the impl does, under the append contract."""
-        checker = getattr(self._allocator, "_pc", None)
-        if checker is None:
-            super().append_token_ids(token_ids)
-        else:
-            checker.run_append(self, token_ids, super().append_token_ids)
+        checked = _CHECKED_BLOCKS[cls] = type(f"Checked{cls.__name__}", (cls,), {
+            "__slots__": (), "append_token_ids": append_token_ids,
+            "__doc__": f"A {cls.__name__} whose appends are checked by its allocator."})
+    block.__class__ = checked
+    return block
 
 
-def checked_class(base: type) -> type:
+def checked_class(base: type, check: Optional[str] = None) -> type:
     """Return a checked subclass of ``base``, a subclass of prefixcache.impl's
     ``PrefixCachingBlockAllocator`` or ``NaiveBlockAllocator`` (for example
     one under development, or a deliberately broken one in a test): every
-    public operation of the spec is checked around ``base``'s own method.
-    Returns ``base`` itself when contracts are off."""
+    public operation of the spec is checked around ``base``'s own method,
+    in the mode ``check`` (``incremental`` or ``full``; default
+    ``PREFIXCACHE_CHECK``'s).  Returns ``base`` itself when contracts are
+    off.  Raises TypeError for another class, ValueError for another mode."""
+    mode = check_mode() if check is None else check
+    if mode not in MODES:
+        raise ValueError(f"check must be one of {', '.join(MODES)}, not {mode!r}")
     if not contracts_enabled():
         return base
     if issubclass(base, PrefixCachingBlockAllocator):
-        return _checked_prefix(base)
+        return _checked_prefix(base, mode)
     if issubclass(base, NaiveBlockAllocator):
-        return _checked_naive(base)
+        return _checked_naive(base, mode)
     raise TypeError(f"checked_class needs a prefixcache.impl allocator class, got {base!r}")
 
 
-def _checked_prefix(base: Type[PrefixCachingBlockAllocator]) -> type:
+def _named(cls: type, base: type, plain: type) -> None:
+    if base is not plain:
+        cls.__name__ = cls.__qualname__ = f"Checked{base.__name__}"
+
+
+def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
     class CheckedPrefixCachingBlockAllocator(base):  # type: ignore[valid-type,misc]
         """PrefixCachingBlockAllocator with the spec's invariants and
         contracts checked on every public call (see the module doc)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self._pc = Checker(self, PREFIX_ADAPTERS)
-            super().__init__(*args, **kwargs)
+            _construct(self, PREFIX_ADAPTERS, mode, lambda: base.__init__(self, *args, **kwargs))
 
-        def _create_block(self, prev_block: Any, token_ids: List[int], block_size: int,
-                          allocator: Any, block_id: Optional[int] = None,
-                          computed: bool = False, extra_hash: Optional[int] = None) -> Any:
-            return _CheckedPrefixCachingBlock(
-                prev_block=prev_block, token_ids=token_ids, block_size=block_size,
-                allocator=self, block_id=block_id, computed=computed, extra_hash=extra_hash)
+        def _create_block(self, *args: Any, **kwargs: Any) -> Any:
+            return _checked_block(base._create_block(self, *args, **kwargs))
 
-    if base is not PrefixCachingBlockAllocator:
-        CheckedPrefixCachingBlockAllocator.__name__ = f"Checked{base.__name__}"
-        CheckedPrefixCachingBlockAllocator.__qualname__ = f"Checked{base.__name__}"
-    _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX, PREFIX_ADAPTERS)
-    return _invariant(CheckedPrefixCachingBlockAllocator)
+        def audit(self) -> None:
+            """The full check (see :meth:`Checker.audit`)."""
+            self._pc.audit()
+
+    _named(CheckedPrefixCachingBlockAllocator, base, PrefixCachingBlockAllocator)
+    return _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX, PREFIX_ADAPTERS, mode)
 
 
-def _checked_naive(base: Type[NaiveBlockAllocator]) -> type:
+def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
     class CheckedNaiveBlockAllocator(base):  # type: ignore[valid-type,misc]
         """NaiveBlockAllocator with the spec's invariants and contracts
         checked on every public call (see the module doc)."""
@@ -748,16 +1083,19 @@ def _checked_naive(base: Type[NaiveBlockAllocator]) -> type:
         def __init__(self, create_block: Any, num_blocks: int, block_size: int,
                      block_ids: Optional[Iterable[int]] = None,
                      block_pool: Any = None) -> None:
-            self._pc = Checker(self, NAIVE_ADAPTERS)
-            if create_block is NaiveBlock:
-                create_block = _CheckedNaiveBlock
-            super().__init__(create_block, num_blocks, block_size, block_ids, block_pool)
+            def make(*args: Any, **kwargs: Any) -> Any:
+                return _checked_block(create_block(*args, **kwargs))
 
-    if base is not NaiveBlockAllocator:
-        CheckedNaiveBlockAllocator.__name__ = f"Checked{base.__name__}"
-        CheckedNaiveBlockAllocator.__qualname__ = f"Checked{base.__name__}"
-    _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE, NAIVE_ADAPTERS)
-    return _invariant(CheckedNaiveBlockAllocator)
+            _construct(self, NAIVE_ADAPTERS, mode, lambda: base.__init__(
+                self, make if callable(create_block) else create_block, num_blocks,
+                block_size, block_ids, block_pool))
+
+        def audit(self) -> None:
+            """The full check (see :meth:`Checker.audit`)."""
+            self._pc.audit()
+
+    _named(CheckedNaiveBlockAllocator, base, NaiveBlockAllocator)
+    return _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE, NAIVE_ADAPTERS, mode)
 
 
 def _build_cpu_gpu(prefix_cls: type, naive_cls: type) -> Type[CpuGpuBlockAllocator]:
@@ -770,6 +1108,8 @@ def _build_cpu_gpu(prefix_cls: type, naive_cls: type) -> Type[CpuGpuBlockAllocat
         dst = self._allocators.get(dst_device)
         checkers = (getattr(src, "_pc", None), getattr(dst, "_pc", None))
         if checkers[0] is None or checkers[1] is None or src is dst:
+            return None
+        if checkers[0].mode == INCREMENTAL:   # each device checks its swap_out / swap_in
             return None
         src_ids = [checkers[0].id_of(b) for b in blocks]
         keys = [checkers[1].key_of(b) for b in blocks]
@@ -822,8 +1162,8 @@ CheckedNaiveBlockAllocator: Type[NaiveBlockAllocator]
 CheckedCpuGpuBlockAllocator: Type[CpuGpuBlockAllocator]
 
 if CONTRACTS_ENABLED:
-    CheckedPrefixCachingBlockAllocator = _checked_prefix(PrefixCachingBlockAllocator)
-    CheckedNaiveBlockAllocator = _checked_naive(NaiveBlockAllocator)
+    CheckedPrefixCachingBlockAllocator = checked_class(PrefixCachingBlockAllocator)
+    CheckedNaiveBlockAllocator = checked_class(NaiveBlockAllocator)
     CheckedCpuGpuBlockAllocator = _build_cpu_gpu(CheckedPrefixCachingBlockAllocator,
                                                  CheckedNaiveBlockAllocator)
 else:

@@ -279,7 +279,7 @@ def post_allocate_immutable_block(
 def pre_naive_allocate_immutable_block(s: AbstractState, fits: bool) -> bool:
     """Without a cache: succeeds when the tokens fit in one block and an id
     is free."""
-    return fits and len(s.free) > 0
+    return fits and s.count_free() > 0
 
 
 def post_naive_allocate_immutable_block(
@@ -317,7 +317,7 @@ def post_allocate_immutable_blocks(
 def pre_naive_allocate_immutable_blocks(s: AbstractState, count: int, fits: bool = True) -> bool:
     """Without a cache: succeeds when every token list fits in a block and
     ``count`` (their number) ids are free."""
-    return fits and count <= len(s.free)
+    return fits and count <= s.count_free()
 
 
 def post_naive_allocate_immutable_blocks(
@@ -723,8 +723,9 @@ def post_naive_get_prefix_cache_hit_rate(
 
 
 def post_get_num_free_blocks(old: AbstractState, new: AbstractState, result: int) -> bool:
-    """Returns the number of free plus evictable ids; nothing changes."""
-    return result == old.reported_free == len(old.free) + len(old.evictor) and _unchanged(old, new)
+    """Returns the number of free plus evictable ids (``reported_free``, which
+    the invariant ``counting`` ties to them); nothing changes."""
+    return result == old.reported_free and _unchanged(old, new)
 
 
 def post_get_num_total_blocks(old: AbstractState, new: AbstractState, result: int) -> bool:
@@ -810,7 +811,7 @@ def post_swap_in(
 def pre_naive_swap_in(s: AbstractState, count: int, distinct: bool = True) -> bool:
     """Without a cache: succeeds when each Block appears once and ``count``
     ids are free."""
-    return distinct and count <= len(s.free)
+    return distinct and count <= s.count_free()
 
 
 def post_naive_swap_in(
@@ -841,7 +842,7 @@ def post_reset_prefix_cache(old: AbstractState, new: AbstractState, result: bool
         touched=frozenset(),
         hits=0,
         misses=0,
-        reported_free=len(old.free) + len(old.evictor),
+        reported_free=old.count_free() + old.count_evictable(),
     )
     return result is True and agrees(expected, new, frozenset(evicted))
 

@@ -14,7 +14,7 @@ classes of prefixcache.impl) so that CrossHair can run symbolically over them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .state import AbstractState, BlockId
 
@@ -24,10 +24,21 @@ Ownership = Mapping[BlockId, int]
 
 @dataclass(frozen=True)
 class Invariant:
-    """A named predicate over the abstract state, with its meaning in words."""
+    """A named predicate over the abstract state, with its meaning in words.
+
+    Each is stated once, at one element: ``holds(s, x)`` (the function
+    ``<name>_at``) for each ``x`` of ``over(s)`` (the state's ids, cached
+    keys, evictor entries, touched ids, copy-on-write records, positions of
+    ``block_ids``, or the state itself for a rule about counts).
+    ``check(s)`` (the module's ``<name>``) is the predicate at every element
+    ``over`` gives: on a whole state every element; on a
+    :class:`~prefixcache.spec.state.PartialState` the elements one call
+    touched (the incremental check of spec/checked.py)."""
 
     name: str
     meaning: str
+    holds: Callable[[AbstractState, Any], bool]
+    over: Callable[[AbstractState], Iterable[Any]]
     check: Callable[[AbstractState], bool]
 
 
@@ -40,158 +51,168 @@ class OwnershipInvariant:
     check: Callable[[AbstractState, Ownership], bool]
 
 
+def _ids(s: AbstractState) -> Iterable[BlockId]:
+    return s.scope_ids()
+
+
+def _keys(s: AbstractState) -> Iterable[Any]:
+    return s.scope_keys()
+
+
+def _entries(s: AbstractState) -> Iterable[Any]:
+    return s.scope_entries()
+
+
+def _touched(s: AbstractState) -> Iterable[BlockId]:
+    return s.scope_touched()
+
+
+def _cows(s: AbstractState) -> Iterable[Any]:
+    return s.copy_on_writes
+
+
+def _positions(s: AbstractState) -> Iterable[int]:
+    return s.scope_positions()
+
+
+def _whole(s: AbstractState) -> Iterable[AbstractState]:
+    return (s,)
+
+
 # --------------------------------------------------------------------------
 # partition and counting
 
 
-def ids_well_formed(s: AbstractState) -> bool:
+def ids_well_formed_at(s: AbstractState, k: int) -> bool:
     """The physical ids are listed once each, in increasing order."""
-    ids = s.block_ids
-    return all(ids[k] < ids[k + 1] for k in range(len(ids) - 1))
+    return s.block_ids[k] < s.block_ids[k + 1]
 
 
-def partition(s: AbstractState) -> bool:
+def partition_at(s: AbstractState, i: BlockId) -> bool:
     """Every physical id is exactly one of free, in use or evictable."""
-    free = set(s.free)
-    if len(free) != len(s.free):
-        return False
-    if any(i in free for i in s.blocks):
-        return False
-    return free | set(s.blocks) == set(s.block_ids)
+    return i in s.known_ids and s.free_counts.get(i, 0) + (i in s.blocks) == 1
 
 
-def refcounts_non_negative(s: AbstractState) -> bool:
+def refcounts_non_negative_at(s: AbstractState, i: BlockId) -> bool:
     """No reference count is negative."""
-    return all(b.refcount >= 0 for b in s.blocks.values())
+    b = s.blocks.get(i)
+    return b is None or b.refcount >= 0
 
 
-def counting(s: AbstractState) -> bool:
+def counting_at(s: AbstractState, _: Any) -> bool:
     """``get_num_free_blocks()`` equals the free ids plus the evictable ids."""
-    return s.reported_free == len(s.free) + len(s.evictor)
+    return s.reported_free == s.count_free() + s.count_evictable()
 
 
 # --------------------------------------------------------------------------
 # content integrity
 
 
-def cached_content_matches(s: AbstractState) -> bool:
+def cached_content_matches_at(s: AbstractState, key: Any) -> bool:
     """Each cached key maps to a known id that holds exactly that content."""
-    for key, i in s.cached.items():
-        b = s.blocks.get(i)
-        if b is None or b.content != key:
-            return False
-    return True
+    i = s.cached.get(key)
+    if i is None:
+        return True
+    b = s.blocks.get(i)
+    return b is not None and b.content == key
 
 
-def cached_ids_distinct(s: AbstractState) -> bool:
+def cached_ids_distinct_at(s: AbstractState, key: Any) -> bool:
     """No two cached keys share one id."""
-    return len(set(s.cached.values())) == len(s.cached)
+    i = s.cached.get(key)
+    return i is None or s.cached_id_counts[i] == 1
 
 
-def content_is_cached(s: AbstractState) -> bool:
+def content_is_cached_at(s: AbstractState, i: BlockId) -> bool:
     """Every block that holds content is cached under that content."""
-    for i, b in s.blocks.items():
-        if b.content is not None and s.cached.get(b.content) != i:
-            return False
-    return True
+    b = s.blocks.get(i)
+    return b is None or b.content is None or s.cached.get(b.content) == i
 
 
-def content_whole_blocks(s: AbstractState) -> bool:
+def content_whole_blocks_at(s: AbstractState, i: BlockId) -> bool:
     """Every content key names one or more blocks, each holding exactly one
     block of tokens (skipped when the block size is not recorded)."""
+    b = s.blocks.get(i)
     size = s.block_size
-    if size <= 0:
+    if size <= 0 or b is None or b.content is None:
         return True
-    for b in s.blocks.values():
-        if b.content is not None:
-            if len(b.content) == 0:
-                return False
-            for _, tokens in b.content:
-                if len(tokens) != size:
-                    return False
-    return True
+    return len(b.content) > 0 and all(len(tokens) == size for _, tokens in b.content)
 
 
 # --------------------------------------------------------------------------
 # cached map and evictor
 
 
-def evictable_hold_content(s: AbstractState) -> bool:
+def evictable_hold_content_at(s: AbstractState, i: BlockId) -> bool:
     """An id without references is tracked only while it holds cached content."""
-    return all(b.content is not None for b in s.blocks.values() if b.refcount == 0)
+    b = s.blocks.get(i)
+    return b is None or b.refcount != 0 or b.content is not None
 
 
-def evictor_is_evictable(s: AbstractState) -> bool:
+def evictor_is_evictable_at(s: AbstractState, i: BlockId) -> bool:
     """The evictor holds each id with refcount 0 once, and no other id."""
-    ids = [e.block_id for e in s.evictor]
-    return len(set(ids)) == len(ids) and set(ids) == set(s.evictable())
+    b = s.blocks.get(i)
+    return s.evictor_counts.get(i, 0) == (1 if b is not None and b.refcount == 0 else 0)
 
 
-def evictor_entries_match(s: AbstractState) -> bool:
+def evictor_entries_match_at(s: AbstractState, k: int) -> bool:
     """Each evictor entry names its block's content, its block's access time and
     the number of tokens that content covers."""
-    for e in s.evictor:
-        b = s.blocks.get(e.block_id)
-        if b is None or b.content != e.content or b.last_accessed != e.last_accessed:
-            return False
-        if e.num_hashed_tokens != sum(len(tokens) for _, tokens in e.content):
-            return False
-    return True
+    e = s.evictor[k]
+    b = s.blocks.get(e.block_id)
+    if b is None or b.content != e.content or b.last_accessed != e.last_accessed:
+        return False
+    return e.num_hashed_tokens == sum(len(tokens) for _, tokens in e.content)
 
 
-def eviction_order(s: AbstractState) -> bool:
+def eviction_order_at(s: AbstractState, k: int) -> bool:
     """The evictor lists its ids in the documented order: oldest access first,
     then most hashed tokens, then smallest id."""
-    ranks = [e.eviction_rank() for e in s.evictor]
-    return all(ranks[k] < ranks[k + 1] for k in range(len(ranks) - 1))
+    return k + 1 >= len(s.evictor) or \
+        s.evictor[k].eviction_rank() < s.evictor[k + 1].eviction_rank()
 
 
 # --------------------------------------------------------------------------
 # computed / touched life cycle
 
 
-def mutable_not_computed(s: AbstractState) -> bool:
+def mutable_not_computed_at(s: AbstractState, i: BlockId) -> bool:
     """A block without content (mutable) is never computed."""
-    return all(not b.computed for b in s.blocks.values() if b.content is None)
+    b = s.blocks.get(i)
+    return b is None or b.content is not None or not b.computed
 
 
-def touched_hold_content(s: AbstractState) -> bool:
+def touched_hold_content_at(s: AbstractState, i: BlockId) -> bool:
     """A touched id (promoted since the last ``mark_blocks_as_computed``) is
     in use or evictable and holds content."""
-    for i in s.touched:
-        b = s.blocks.get(i)
-        if b is None or b.content is None:
-            return False
-    return True
+    b = s.blocks.get(i)
+    return b is not None and b.content is not None
 
 
-def touched_not_computed(s: AbstractState) -> bool:
+def touched_not_computed_at(s: AbstractState, i: BlockId) -> bool:
     """A touched id is not computed yet, in use or evictable."""
-    for i in s.touched:
-        b = s.blocks.get(i)
-        if b is not None and b.computed:
-            return False
-    return True
+    b = s.blocks.get(i)
+    return b is None or not b.computed
 
 
-def untouched_content_computed(s: AbstractState) -> bool:
+def untouched_content_computed_at(s: AbstractState, i: BlockId) -> bool:
     """A block that holds content and is not touched is computed (in use or
     evictable)."""
-    return all(b.computed for i, b in s.blocks.items()
-               if b.content is not None and i not in s.touched)
+    b = s.blocks.get(i)
+    return b is None or b.content is None or i in s.touched or b.computed
 
 
 # --------------------------------------------------------------------------
 # copy-on-write records and metrics
 
 
-def copy_on_writes_well_formed(s: AbstractState) -> bool:
+def copy_on_writes_well_formed_at(s: AbstractState, pair: Tuple[BlockId, BlockId]) -> bool:
     """Each recorded copy-on-write names two different known ids."""
-    known = set(s.block_ids)
-    return all(src != dst and src in known and dst in known for src, dst in s.copy_on_writes)
+    src, dst = pair
+    return src != dst and src in s.known_ids and dst in s.known_ids
 
 
-def hit_counts_non_negative(s: AbstractState) -> bool:
+def hit_counts_non_negative_at(s: AbstractState, _: Any) -> bool:
     """The hit and miss counts are never negative."""
     return s.hits >= 0 and s.misses >= 0
 
@@ -215,9 +236,31 @@ def ownership_matches(s: AbstractState, owners: Ownership) -> bool:
     return True
 
 
-def _inv(check: Callable[[AbstractState], bool]) -> Invariant:
-    doc = (check.__doc__ or "").strip()
-    return Invariant(name=check.__name__, meaning=" ".join(doc.split()), check=check)
+#: the elements each invariant is stated at
+_OVER: Mapping[Callable[..., bool], Callable[[AbstractState], Iterable[Any]]] = {
+    ids_well_formed_at: _positions, counting_at: _whole, hit_counts_non_negative_at: _whole,
+    cached_content_matches_at: _keys, cached_ids_distinct_at: _keys,
+    evictor_entries_match_at: _entries, eviction_order_at: _entries,
+    touched_hold_content_at: _touched, touched_not_computed_at: _touched,
+    copy_on_writes_well_formed_at: _cows,
+}
+
+
+def _inv(holds: Callable[[AbstractState, Any], bool]) -> Invariant:
+    name = holds.__name__.removesuffix("_at")
+    over = _OVER.get(holds, _ids)
+
+    def check(s: AbstractState) -> bool:
+        for x in over(s):
+            if not holds(s, x):
+                return False
+        return True
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = holds.__doc__
+    doc = (holds.__doc__ or "").strip()
+    return Invariant(name=name, meaning=" ".join(doc.split()), holds=holds, over=over,
+                     check=check)
 
 
 OWNERSHIP: OwnershipInvariant = OwnershipInvariant(
@@ -228,16 +271,16 @@ OWNERSHIP: OwnershipInvariant = OwnershipInvariant(
 """The invariant that needs the live Blocks as well as the state."""
 
 _GROUPED: Tuple[Tuple[str, Tuple[Any, ...]], ...] = (
-    ("partition", (ids_well_formed, partition, refcounts_non_negative)),
-    ("counting", (counting,)),
+    ("partition", (ids_well_formed_at, partition_at, refcounts_non_negative_at)),
+    ("counting", (counting_at,)),
     ("ownership", (ownership_matches,)),
-    ("integrity", (cached_content_matches, cached_ids_distinct, content_is_cached,
-                   content_whole_blocks)),
-    ("evictor", (evictable_hold_content, evictor_is_evictable, evictor_entries_match,
-                 eviction_order)),
-    ("computed", (mutable_not_computed, touched_hold_content, touched_not_computed,
-                  untouched_content_computed)),
-    ("bookkeeping", (copy_on_writes_well_formed, hit_counts_non_negative)),
+    ("integrity", (cached_content_matches_at, cached_ids_distinct_at, content_is_cached_at,
+                   content_whole_blocks_at)),
+    ("evictor", (evictable_hold_content_at, evictor_is_evictable_at, evictor_entries_match_at,
+                 eviction_order_at)),
+    ("computed", (mutable_not_computed_at, touched_hold_content_at, touched_not_computed_at,
+                  untouched_content_computed_at)),
+    ("bookkeeping", (copy_on_writes_well_formed_at, hit_counts_non_negative_at)),
 )
 """Every invariant, once, in groups of one concern each, in SPEC.md's order."""
 
@@ -245,8 +288,10 @@ INVARIANTS: Tuple[Invariant, ...] = tuple(
     _inv(f) for _, checks in _GROUPED for f in checks if f is not ownership_matches)
 """Every state-only invariant, in the order SPEC.md presents them."""
 
+globals().update({inv.name: inv.check for inv in INVARIANTS})  # partition(s), counting(s), ...
+
 GROUPS: Mapping[str, Tuple[str, ...]] = {
-    group: tuple(f.__name__ for f in checks) for group, checks in _GROUPED}
+    group: tuple(f.__name__.removesuffix("_at") for f in checks) for group, checks in _GROUPED}
 """Invariant names by group (SPEC.md's "group" column)."""
 
 
@@ -262,7 +307,17 @@ def group_of(name: str) -> str:
 def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[str]:
     """Return the names of the invariants that ``s`` violates, in registry
     order (empty when all hold); ownership is checked only when a view is given."""
-    violated = [inv.name for inv in INVARIANTS if not inv.check(s)]
+    violated: List[str] = []
+    domains: Dict[Any, List[Any]] = {}     # each kind of element listed once
+    for inv in INVARIANTS:
+        elements = domains.get(inv.over)
+        if elements is None:
+            elements = domains[inv.over] = list(inv.over(s))
+        holds = inv.holds
+        for x in elements:
+            if not holds(s, x):
+                violated.append(inv.name)
+                break
     if ownership is not None and not OWNERSHIP.check(s, ownership):
         violated.append(OWNERSHIP.name)
     return violated

@@ -11,7 +11,8 @@ equal here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Tuple
+from functools import cached_property
+from typing import AbstractSet, Container, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from .pure import eviction_rank
 
@@ -24,6 +25,22 @@ Tokens = Tuple[int, ...]
 #: carries the same extra hash and the same tokens (what a vLLM block hash,
 #: which chains each block's own extra hash, distinguishes).  Never a hash.
 ContentKey = Tuple[Tuple[Optional[int], Tokens], ...]
+
+
+
+class HashedKey(tuple):  # type: ignore[type-arg]
+    """A :data:`ContentKey` that computes its hash once (a key is as long as
+    its chain, and the checked allocators look keys up many times).  Equal
+    to, and hashed like, the plain tuple of the same pairs."""
+
+    def __hash__(self) -> int:
+        """The tuple's hash, computed on first use."""
+        try:
+            return self.__dict__["_hash"]  # type: ignore[no-any-return]
+        except KeyError:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+            return h
+
 
 #: The ``last_accessed`` of an id that was never marked accessed since it was
 #: (re)allocated: vLLM's ``_DEFAULT_LAST_ACCESSED_TIME``.
@@ -90,7 +107,7 @@ class AbstractState:
     time.
     """
 
-    block_ids: Tuple[BlockId, ...]
+    block_ids: Sequence[BlockId]
     free: Tuple[BlockId, ...]
     blocks: Mapping[BlockId, BlockState] = field(hash=False)
     cached: Mapping[ContentKey, BlockId] = field(hash=False)
@@ -109,3 +126,144 @@ class AbstractState:
     def evictable(self) -> frozenset[BlockId]:
         """Ids with no reference that are still cached (in the evictor)."""
         return frozenset(i for i, b in self.blocks.items() if b.refcount == 0)
+
+    # -- the elements the invariants quantify over -----------------------------
+
+    def scope_ids(self) -> Iterable[BlockId]:
+        """The ids the per-id invariants are checked at: every id the state
+        names (its ids, its free list, its blocks)."""
+        return set(self.block_ids) | set(self.free) | set(self.blocks)
+
+    def scope_keys(self) -> Iterable[ContentKey]:
+        """The content keys the per-key invariants are checked at: every
+        cached key."""
+        return self.cached.keys()
+
+    def scope_positions(self) -> range:
+        """The positions ``k`` of ``block_ids`` checked against ``k + 1``."""
+        return range(len(self.block_ids) - 1)
+
+    def scope_entries(self) -> Iterable[int]:
+        """The positions of the evictor entries the per-entry invariants are
+        checked at: all."""
+        return range(len(self.evictor))
+
+    def scope_touched(self) -> Iterable[BlockId]:
+        """The touched ids the per-touched-id invariants are checked at: all."""
+        return self.touched
+
+    def count_free(self) -> int:
+        """The number of free ids (the length of the free list)."""
+        return len(self.free)
+
+    def count_evictable(self) -> int:
+        """The number of evictor entries."""
+        return len(self.evictor)
+
+    @cached_property
+    def free_counts(self) -> Dict[BlockId, int]:
+        """id -> how often it is listed in ``free``."""
+        return _counts(self.free)
+
+    @cached_property
+    def cached_id_counts(self) -> Dict[BlockId, int]:
+        """id -> how many cached keys map to it."""
+        return _counts(self.cached.values())
+
+    @cached_property
+    def evictor_counts(self) -> Dict[BlockId, int]:
+        """id -> how many evictor entries name it."""
+        return _counts(e.block_id for e in self.evictor)
+
+    @cached_property
+    def known_ids(self) -> Container[BlockId]:
+        """The ids of this allocator, as a container."""
+        return self.block_ids if isinstance(self.block_ids, range) else frozenset(self.block_ids)
+
+
+def _counts(items: Iterable[BlockId]) -> Dict[BlockId, int]:
+    out: Dict[BlockId, int] = {}
+    for i in items:
+        out[i] = out.get(i, 0) + 1
+    return out
+
+
+@dataclass(frozen=True)
+class PartialState(AbstractState):
+    """An abstract state restricted to the elements one call touched: the
+    ids ``ids`` and the content keys ``keys``, and of the rest only how
+    many free ids, evictor entries and cached keys it holds.
+
+    ``blocks``, ``cached``, ``touched`` and ``evictor`` hold exactly the
+    entries of those ids and keys; ``free`` lists the free ids among
+    ``ids`` in free-list order, and always the first ones of the whole free
+    list that the call may take.  ``outside_free``, ``outside_evictable``
+    and ``outside_cached`` count the free ids, evictor entries and cached
+    keys not listed.  ``block_ids``, ``copy_on_writes``, ``hits``,
+    ``misses`` and ``reported_free`` are the whole state's.  The contracts'
+    steps change only listed elements, so they leave the ``outside`` counts
+    alone: two partial states over the same elements are equal exactly when
+    the whole states agree on those elements and on the three counts.  The
+    invariants checked on a partial state are checked at its elements."""
+
+    ids: AbstractSet[BlockId] = frozenset()
+    keys: AbstractSet[ContentKey] = frozenset()
+    outside_free: int = 0
+    outside_evictable: int = 0
+    outside_cached: int = 0
+
+    def scope_ids(self) -> Iterable[BlockId]:
+        """The ids this state lists."""
+        return self.ids
+
+    def scope_keys(self) -> Iterable[ContentKey]:
+        """The keys this state lists."""
+        return self.keys
+
+    def scope_positions(self) -> range:
+        """None: the ids of an allocator never change after construction,
+        so they are checked once, on the first (whole) state."""
+        return range(0)
+
+    def scope_entries(self) -> Iterable[int]:
+        """The positions of the entries of the ids this state lists."""
+        return [k for k, e in enumerate(self.evictor) if e.block_id in self.ids]
+
+    def scope_touched(self) -> Iterable[BlockId]:
+        """The touched ids among those this state lists."""
+        return [i for i in self.touched if i in self.ids]
+
+    def narrowed(self, ids: AbstractSet[BlockId], keys: AbstractSet[ContentKey]) -> PartialState:
+        """This state, listing only ``ids`` and ``keys`` of its elements as
+        its own (the others stay readable: the invariants at the listed
+        elements read them).  A cheap copy: the fields are shared."""
+        copy = object.__new__(PartialState)
+        copy.__dict__.update(self.__dict__, ids=ids, keys=keys)
+        return copy
+
+    def changed(self, old: PartialState) -> Tuple[AbstractSet[BlockId], AbstractSet[ContentKey]]:
+        """The ids and keys at which this state differs from ``old`` (read at
+        the same elements), with the keys those ids hold and the ids those
+        keys name, before and after: the elements whose invariants a change
+        from ``old`` to this state can break."""
+        entries = {e.block_id: e for e in self.evictor}
+        old_entries = {e.block_id: e for e in old.evictor}
+        ids = {i for i in self.ids
+               if self.blocks.get(i) != old.blocks.get(i) or entries.get(i) != old_entries.get(i)
+               or (i in self.touched) != (i in old.touched)
+               or self.free_counts.get(i) != old.free_counts.get(i)}
+        keys = {k for k in self.keys if self.cached.get(k) != old.cached.get(k)}
+        for i in list(ids):
+            keys.update(b.content for b in (self.blocks.get(i), old.blocks.get(i))
+                        if b is not None and b.content is not None)
+        for k in list(keys):
+            ids.update(j for j in (self.cached.get(k), old.cached.get(k)) if j is not None)
+        return ids, keys
+
+    def count_free(self) -> int:
+        """The number of free ids of the whole state."""
+        return len(self.free) + self.outside_free
+
+    def count_evictable(self) -> int:
+        """The number of evictor entries of the whole state."""
+        return len(self.evictor) + self.outside_evictable

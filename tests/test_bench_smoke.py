@@ -357,6 +357,39 @@ def test_results_render_from_a_kept_run_with_its_time_and_spread(tmp_path: Path)
             "id fingerprints identical.") in text
     assert "Contracts on: not measured in this recording" in text
     assert "not importable" not in text
+    assert "## Checked mode (incremental) against the plain allocator\n\nNot measured" in text
+
+
+def test_results_render_the_checked_mode_side_by_side(tmp_path: Path) -> None:
+    """The checked-mode section: the replay's ratio, one row per pool size
+    with both allocators' cost per call, and icontract's own cost."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    plain = "prefixcache.impl.prefix_caching_block:PrefixCachingBlockAllocator"
+    args = parser.parse_args([
+        "--blocks", "256", "--tight-blocks", "0", "--running", "4", "--requests", "4",
+        "--repeats", "2", "--no-latency", "--json", str(kept / "checked.json"),
+        "--target", "prefixcache.spec.checked:CheckedPrefixCachingBlockAllocator",
+        "--against", plain, "--scaling", "--scaling-against", "--scaling-sizes", "256,512"])
+    assert bench.run(args) == 0
+    for name in ("checked.json", "impl_vs_vllm.json"):
+        document = json.loads((kept / "checked.json").read_text())
+        document.update(exit_code=0, shown_command=f"prefixcache bench ({name})")
+        (kept / name).write_text(json.dumps(document))
+    (kept / "wrapper.json").write_text(json.dumps({"plain": 50.0, "icontract": 4800.0,
+                                                   "lean": 120.0}))
+    out = tmp_path / "RESULTS.md"
+    assert _bench_script("run_benchmarks").main(["--render-only", str(kept), "--out",
+                                                 str(out)]) == 0
+    section = out.read_text().split("## Checked mode (incremental)")[1].split("\n## ")[0]
+    assert "prefixcache bench (checked.json)" in section
+    assert "Checked over plain per call: **" in section
+    rows = [line for line in section.splitlines() if line.startswith(("| 256 |", "| 512 |"))]
+    assert len(rows) == 2 and all(line.count("|") == 6 for line in rows)
+    assert "dearest pool size over its cheapest" in section
+    assert "**4,800 ns** per call, against 50 ns plain and 120 ns" in section
 
 
 def _pool(workload_p50s: List[int], vllm_p50s: List[int]) -> Any:

@@ -12,6 +12,7 @@ from typing import Any, Callable, List
 
 import icontract
 import pytest
+from helpers.broken_allocators import BROKEN, hunt
 
 from prefixcache.impl.errors import NoFreeBlocksError, PrefixCacheError
 from prefixcache.impl.interfaces import Device
@@ -20,6 +21,9 @@ from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 from prefixcache.spec.abstraction import ownership
 from prefixcache.spec.checked import (
     CONTRACTS_ENABLED,
+    FULL,
+    INCREMENTAL,
+    MODES,
     CheckedCpuGpuBlockAllocator,
     CheckedNaiveBlockAllocator,
     CheckedPrefixCachingBlockAllocator,
@@ -95,46 +99,95 @@ def test_checked_class_refuses_other_classes() -> None:
         checked_class(dict)
 
 
-def test_broken_count_violates_an_invariant() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_broken_count_violates_an_invariant(mode: str) -> None:
     with pytest.raises(icontract.ViolationError, match="counting"):
-        checked_class(_MiscountsFree)(num_blocks=2, block_size=2)
+        checked_class(_MiscountsFree, mode)(num_blocks=2, block_size=2)
 
 
-def test_leaked_id_breaks_the_free_postcondition() -> None:
-    a = checked_class(_LeaksFreedIds)(num_blocks=2, block_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_leaked_id_breaks_the_free_postcondition(mode: str) -> None:
+    a = checked_class(_LeaksFreedIds, mode)(num_blocks=2, block_size=2)
     b = a.allocate_mutable_block(None)
     with pytest.raises(icontract.ViolationError, match="free broke its postcondition"):
         a.free(b)
 
 
-def test_corrupted_state_violates_the_partition_on_the_next_call() -> None:
-    a: Any = CheckedPrefixCachingBlockAllocator(num_blocks=2, block_size=2)
+@pytest.mark.parametrize(("mode", "caught_by"), [
+    (FULL, "partition"),
+    # the call touches no id: the free list's size, read every call, differs
+    (INCREMENTAL, "get_num_total_blocks broke its postcondition.*outside_free: 1 -> 2")])
+def test_corrupted_state_is_caught_on_the_next_call(mode: str, caught_by: str) -> None:
+    a: Any = checked_class(PrefixCachingBlockAllocator, mode)(num_blocks=2, block_size=2)
     b = a.allocate_mutable_block(None)
     a._hashless_allocator._free_block_indices.append(b.block_id)   # in use and free
-    with pytest.raises(icontract.ViolationError, match="partition"):
+    with pytest.raises(icontract.ViolationError, match=caught_by):
         a.get_num_total_blocks()
 
 
-def test_wrong_id_order_breaks_a_postcondition() -> None:
-    a = checked_class(_HandsOutTheSecondId)(num_blocks=3, block_size=2)
+def test_a_fault_outside_the_touched_elements_is_caught_by_the_audit() -> None:
+    """A corruption that no count shows (an evictable id's access time),
+    at an id the next calls do not touch: the incremental checks pass it by,
+    the full audit finds it."""
+    a: Any = CheckedPrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    blocks = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    a.mark_blocks_as_computed([])
+    a.free(blocks[1])
+    a.evictor.update(blocks[1].block_id if blocks[1].block_id is not None else 1, 5.0)
+    a.get_num_free_blocks()
+    a.allocate_mutable_block(None)          # takes a free id, touches no evictable one
+    with pytest.raises(icontract.ViolationError, match="audit: .*evictor"):
+        a.audit()
+
+
+def test_the_audit_passes_on_a_correct_allocator_and_can_run_every_n_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFIXCACHE_AUDIT_EVERY", "1")
+    a: Any = CheckedPrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    blocks = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    a.free(blocks[1])
+    a.audit()
+    a._hashless_allocator._free_block_indices.rotate(1)   # same ids, another order
+    with pytest.raises(icontract.ViolationError, match="audit: .*free"):
+        a.get_num_total_blocks()
+
+
+def test_wrong_modes_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="check must be one of"):
+        checked_class(PrefixCachingBlockAllocator, "sometimes")
+    monkeypatch.setenv("PREFIXCACHE_CHECK", "sometimes")
+    with pytest.raises(ValueError, match="PREFIXCACHE_CHECK"):
+        checked_class(PrefixCachingBlockAllocator)
+    monkeypatch.setenv("PREFIXCACHE_AUDIT_EVERY", "-1")
+    with pytest.raises(ValueError, match="PREFIXCACHE_AUDIT_EVERY"):
+        CheckedPrefixCachingBlockAllocator(num_blocks=1, block_size=1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_wrong_id_order_breaks_a_postcondition(mode: str) -> None:
+    a = checked_class(_HandsOutTheSecondId, mode)(num_blocks=3, block_size=2)
     with pytest.raises(icontract.ViolationError, match="allocate_mutable_block"):
         a.allocate_mutable_block(None)
 
 
-def test_half_done_call_breaks_the_error_promise() -> None:
-    a = checked_class(_NotAtomic)(num_blocks=2, block_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_half_done_call_breaks_the_error_promise(mode: str) -> None:
+    a = checked_class(_NotAtomic, mode)(num_blocks=2, block_size=2)
     with pytest.raises(icontract.ViolationError, match="raised NoFreeBlocksError"):
         a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6]])
 
 
-def test_accepting_a_mistake_breaks_the_precondition() -> None:
-    a = checked_class(_PadsShortBlocks)(num_blocks=2, block_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_accepting_a_mistake_breaks_the_precondition(mode: str) -> None:
+    a = checked_class(_PadsShortBlocks, mode)(num_blocks=2, block_size=2)
     with pytest.raises(icontract.ViolationError, match="precondition"):
         a.allocate_immutable_block(None, [1])
 
 
-def test_naive_broken_refcount_is_caught() -> None:
-    a = checked_class(_NaiveOvercounts)(create_block=NaiveBlock, num_blocks=2, block_size=2)
+@pytest.mark.parametrize("mode", MODES)
+def test_naive_broken_refcount_is_caught(mode: str) -> None:
+    a = checked_class(_NaiveOvercounts, mode)(create_block=NaiveBlock, num_blocks=2,
+                                              block_size=2)
     with pytest.raises(icontract.ViolationError):
         a.allocate_mutable_block(None)
 
@@ -191,15 +244,16 @@ class Walk:
     """Drives one checked allocator with random valid and invalid calls,
     keeping the live chains, and checks ownership and the life cycle."""
 
-    def __init__(self, seed: int, naive: bool) -> None:
+    def __init__(self, seed: int, naive: bool, mode: str = INCREMENTAL) -> None:
         self.rnd = random.Random(seed)
         self.naive = naive
+        self.mode = mode
         self.size = self.rnd.choice([1, 2, 3])
         n = self.rnd.choice([1, 2, 3, 4, 6])
-        self.a: Any = (CheckedNaiveBlockAllocator(create_block=NaiveBlock, num_blocks=n,
-                                                  block_size=self.size)
-                       if naive else CheckedPrefixCachingBlockAllocator(num_blocks=n,
-                                                                        block_size=self.size))
+        self.a: Any = (checked_class(NaiveBlockAllocator, mode)(
+                           create_block=NaiveBlock, num_blocks=n, block_size=self.size)
+                       if naive else checked_class(PrefixCachingBlockAllocator, mode)(
+                           num_blocks=n, block_size=self.size))
         self.chains: List[List[Any]] = []
         self.swapped: List[List[Any]] = []
         self.checker = checker_of(self.a)
@@ -238,6 +292,8 @@ class Walk:
         new = self.state()
         live = [b for c in self.chains for b in c]
         assert check_all(new, ownership(live)) == []
+        if self.mode == INCREMENTAL:
+            self.a.audit()      # the mirror is the whole state, after every step
         if self.naive or name == "mistake":   # the table is the prefix allocator's
             return
         for i in new.block_ids:
@@ -336,10 +392,11 @@ class Walk:
             a.get_common_computed_block_ids([[b.block_id for b in chain], [chain[0].block_id]])
 
 
-@pytest.mark.parametrize("seed", range(24))
-def test_random_walk_finds_no_violation(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "mode"), [(seed, INCREMENTAL) for seed in range(24)]
+                         + [(seed, FULL) for seed in range(8)])
+def test_random_walk_finds_no_violation(seed: int, mode: str) -> None:
     logging.getLogger("prefixcache").setLevel(logging.ERROR)
-    w = Walk(seed, naive=seed % 4 == 3)
+    w = Walk(seed, naive=seed % 4 == 3, mode=mode)
     for _ in range(120):
         w.step()
 
@@ -364,3 +421,32 @@ def test_cpu_gpu_naive_create() -> None:
     g: Any = CheckedCpuGpuBlockAllocator.create("naive", 2, 2, 2)
     b = g.allocate_immutable_block(None, [1, 2], Device.GPU)
     assert g.swap([b], Device.GPU, Device.CPU) == {0: 2}
+
+
+# --------------------------------------------------------------------------
+# the oracle against the planted faults, each under the checked mode
+
+
+_CHECKABLE = [(cls, expected) for cls, expected in BROKEN
+              if issubclass(cls, (PrefixCachingBlockAllocator, NaiveBlockAllocator))]
+
+
+@pytest.mark.parametrize(("target", "expected"), _CHECKABLE,
+                         ids=[c.__name__ for c, _ in _CHECKABLE])
+def test_the_oracle_catches_each_planted_fault_in_checked_mode(target: type,
+                                                               expected: object) -> None:
+    """The oracle (profile ci) against ``checked_class(fault)`` in the
+    default, incremental mode: it catches every fault the oracle catches
+    plain.  The checked mode's own ViolationError counts, also when it
+    comes from a call the oracle makes to read the state (then the oracle
+    reports it as an error, not as a Violation)."""
+    kill = hunt(checked_class(target), profile="ci")
+    by_checker = (kill.error or "").startswith("ViolationError: ")
+    assert kill.error is None or by_checker, f"the oracle failed: {kill.error}"
+    assert kill.caught or by_checker, f"{target.__name__} was not caught in checked mode"
+
+
+def test_the_oracle_finds_nothing_on_the_checked_impl() -> None:
+    kill = hunt(checked_class(PrefixCachingBlockAllocator), profile="ci")
+    assert kill.error is None, kill.error
+    assert not kill.caught, f"false alarm: [{kill.category}] {kill.message}\n{kill.final_program}"
