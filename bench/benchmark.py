@@ -413,10 +413,10 @@ def print_pool(console: Any, report: PoolReport) -> None:
         same = "identical" if report.fingerprints_identical else "[red]DIFFERENT[/red]"
         inside = (f", [bold]{report.in_call_ratio:.2f}x[/bold] in-call"
                   if report.in_call_ratio else "")
-        paired = (f" (median of the rounds' ratios: {report.paired_ratio:.2f}x"
+        paired = (f" (median of the rounds' ratios: {report.paired_ratio:.3g}x"
                   f"{spread_text(round_ratios(*(r.seconds_all for r in report.results)))})"
                   if report.paired_ratio is not None else "")
-        console.print(f"  #1 / #2: [bold]{report.ratio:.2f}x[/bold] calls/s{paired}{inside}; "
+        console.print(f"  #1 / #2: [bold]{report.ratio:.3g}x[/bold] calls/s{paired}{inside}; "
                       f"id fingerprints {same}")
     for result in report.results:
         if result.error is not None:
