@@ -483,9 +483,7 @@ class Checker:
         ids: Set[BlockId] = set(bound.ids)
         keys: Set[ContentKey] = {k for k in bound.keys if k is not None}
         if not failed:
-            if bound.result_ids:
-                ids.update(_ids_in(bound.finish(result)))
-            elif bound.finish is _ids_of_result or bound.finish is _id_of_result:
+            if bound.result_ids or bound.finish in (_ids_of_result, _id_of_result):
                 ids.update(_ids_in(bound.finish(result)))
             for b in (*bound.new_blocks, *_blocks_in(result)):
                 ids.update(_ids_in(getattr(b, "block_id", None)))
