@@ -10,6 +10,7 @@ equal here.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import AbstractSet, Container, Dict, Iterable, Mapping, Optional, Sequence, Tuple
@@ -25,7 +26,6 @@ Tokens = Tuple[int, ...]
 #: carries the same extra hash and the same tokens (what a vLLM block hash,
 #: which chains each block's own extra hash, distinguishes).  Never a hash.
 ContentKey = Tuple[Tuple[Optional[int], Tokens], ...]
-
 
 
 class HashedKey(tuple):  # type: ignore[type-arg]
@@ -163,29 +163,22 @@ class AbstractState:
     @cached_property
     def free_counts(self) -> Dict[BlockId, int]:
         """id -> how often it is listed in ``free``."""
-        return _counts(self.free)
+        return Counter(self.free)
 
     @cached_property
     def cached_id_counts(self) -> Dict[BlockId, int]:
         """id -> how many cached keys map to it."""
-        return _counts(self.cached.values())
+        return Counter(self.cached.values())
 
     @cached_property
     def evictor_counts(self) -> Dict[BlockId, int]:
         """id -> how many evictor entries name it."""
-        return _counts(e.block_id for e in self.evictor)
+        return Counter(e.block_id for e in self.evictor)
 
     @cached_property
     def known_ids(self) -> Container[BlockId]:
         """The ids of this allocator, as a container."""
         return self.block_ids if isinstance(self.block_ids, range) else frozenset(self.block_ids)
-
-
-def _counts(items: Iterable[BlockId]) -> Dict[BlockId, int]:
-    out: Dict[BlockId, int] = {}
-    for i in items:
-        out[i] = out.get(i, 0) + 1
-    return out
 
 
 @dataclass(frozen=True)
