@@ -68,10 +68,13 @@ class AnswerTypeError(AbstractionError):
     (``block_is_computed`` answering None for False)."""
 
 
-def _time(value: Any, holder: str) -> float:
-    """A last-access time read off ``holder``: a number (AnswerTypeError else)."""
+def _time(value: Any, holder: str, i: BlockId) -> float:
+    """A last-access time read off ``holder`` of id ``i``: a number
+    (AnswerTypeError else)."""
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AnswerTypeError(f"{holder} holds last_accessed {value!r}, not a number")
+        raise AnswerTypeError(f"{holder} {i} holds last_accessed {value!r}, not a number")
     return float(value)
 
 
@@ -215,6 +218,11 @@ class ContentLedger:
         self.collisions: List[Collision] = []
         self.aliases: List[Alias] = []
         self.conflicts: List[SharedIdConflict] = []
+        # the two look-ups, bound once (the checked allocators make many a call)
+        self.name: Callable[[int], Optional[ContentKey]] = self._names.get
+        """Return the key first seen for a content hash, or None."""
+        self.hash_of: Callable[[ContentKey], Optional[int]] = self._hashes.get
+        """Return the hash first seen for a content key, or None."""
 
     def __len__(self) -> int:
         """Return the number of hashes named."""
@@ -223,14 +231,6 @@ class ContentLedger:
     def __contains__(self, content_hash: object) -> bool:
         """Return whether the hash has a name."""
         return content_hash in self._names
-
-    def name(self, content_hash: int) -> Optional[ContentKey]:
-        """Return the key first seen for ``content_hash``, or None."""
-        return self._names.get(content_hash)
-
-    def hash_of(self, key: ContentKey) -> Optional[int]:
-        """Return the hash first seen for ``key``, or None."""
-        return self._hashes.get(key)
 
     def observe(self, content_hash: int, key: ContentKey) -> bool:
         """Record that ``content_hash`` names ``key``; return False (and record
@@ -326,7 +326,7 @@ def contents_of(
 def _refcounts(allocator: Any, ids: Sequence[BlockId]) -> Dict[BlockId, int]:
     counter = getattr(allocator, "_refcounter", None)
     counts = getattr(counter, "_refcounts", None)
-    if isinstance(counts, Mapping):
+    if type(counts) is dict or isinstance(counts, Mapping):
         return {i: int(counts.get(i, 0)) for i in ids}
     return {i: int(counter.get(i)) for i in ids} if counter is not None else {}
 
@@ -445,9 +445,9 @@ def abstract_state(
     if ledger is None:
         ledger = ContentLedger()
     if part is not None:
-        return _partial_state(allocator, ledger, part, reported_free,
-                              None if block_ids is None else tuple(block_ids)
-                              if not isinstance(block_ids, Sequence) else block_ids)
+        ids = block_ids if block_ids is None or isinstance(block_ids, (range, tuple)) else \
+            block_ids if isinstance(block_ids, Sequence) else tuple(block_ids)
+        return _partial_state(allocator, ledger, part, reported_free, ids)
     if not is_prefix_caching(allocator):
         return _naive_state(allocator, reported_free, block_ids)
     return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids)
@@ -470,17 +470,22 @@ def _state(allocator: Any, ledger: ContentLedger,
         cached_hashes, free_table, promoted = all_cached, all_free_table, frozenset(all_promoted)
     else:
         ids = sorted(part[0])
-        hashes = (ledger.hash_of(k) for k in part[1])
-        cached_hashes = {h: all_cached[h] for h in hashes if h is not None and h in all_cached}
+        hash_of = ledger.hash_of
+        cached_hashes = {}
+        for k in part[1]:
+            h = hash_of(k)
+            if h is not None and h in all_cached:
+                cached_hashes[h] = all_cached[h]
         free_table = {i: all_free_table[i] for i in ids if i in all_free_table}
         promoted = frozenset(i for i in ids if i in all_promoted)
     counts = _refcounts(allocator, ids)
     hash_of_id: Dict[BlockId, int] = {}
     for h, i in cached_hashes.items():
         hash_of_id.setdefault(i, h)
+    names = ledger.name
 
     def name(h: int, i: Optional[BlockId]) -> ContentKey:
-        key = ledger.name(h)
+        key = names(h)
         if key is None and i is not None:
             key = given.get(i)
             if key is not None:
@@ -491,35 +496,32 @@ def _state(allocator: Any, ledger: ContentLedger,
 
     cached: Dict[ContentKey, BlockId] = {}
     for h, i in cached_hashes.items():
-        cached.setdefault(name(h, i), i)
+        cached.setdefault(names(h) or name(h, i), i)
 
     entries = [
         EvictorEntry(
-            last_accessed=_time(meta.last_accessed, f"the evictor's entry of id {i}"),
+            last_accessed=_time(meta.last_accessed, "the evictor's entry of id", i),
             num_hashed_tokens=int(meta.num_hashed_tokens),
             block_id=i,
-            content=name(meta.content_hash, i),
+            content=names(meta.content_hash) or name(meta.content_hash, i),
         )
         for i, meta in free_table.items()
     ]
-    entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
+    if len(entries) > 1:
+        entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
 
     trackers: Mapping[BlockId, Any] = getattr(allocator, "_block_tracker", {})
+    ask = getattr(allocator, "block_is_computed", None)
 
-    def tracker_of(i: BlockId) -> Any:
-        tracker = trackers.get(i)
-        return tracker if tracker is not None and getattr(tracker, "active", False) else None
-
-    def computed(i: BlockId) -> bool:
-        """What ``block_is_computed(i)`` answers (read off the trackers and
-        the evictor where the allocator has no such method)."""
-        ask = getattr(allocator, "block_is_computed", None)
+    def computed(i: BlockId, tracker: Any) -> bool:
+        """What ``block_is_computed(i)`` answers (read off ``tracker``, the
+        id's active tracker or None, and the evictor where the allocator has
+        no such method)."""
         if ask is not None:
             answer = ask(i)
             if type(answer) is not bool:
                 raise AnswerTypeError(f"block_is_computed({i}) answered {answer!r}, not a bool")
             return answer
-        tracker = tracker_of(i)
         return bool(tracker.computed) if tracker is not None else (
             i in free_table and i not in promoted)
 
@@ -531,20 +533,23 @@ def _state(allocator: Any, ledger: ContentLedger,
         if i in given:
             content = given[i]
         elif i in hash_of_id:
-            content = name(hash_of_id[i], i)
+            h = hash_of_id[i]
+            content = names(h) or name(h, i)
         else:
             content = None
-        tracker = tracker_of(i)
-        if tracker is not None:
-            last = _time(tracker.last_accessed, f"the tracker of id {i}")
+        tracker = trackers.get(i)
+        if tracker is not None and getattr(tracker, "active", False):
+            last = _time(tracker.last_accessed, "the tracker of id", i)
         else:
-            last = _time(free_table[i].last_accessed, f"the evictor's entry of id {i}") \
+            tracker = None
+            last = _time(free_table[i].last_accessed, "the evictor's entry of id", i) \
                 if i in free_table else NEVER_ACCESSED
-        blocks[i] = BlockState(refcount=rc, content=content, computed=computed(i),
+        blocks[i] = BlockState(refcount=rc, content=content, computed=computed(i, tracker),
                                last_accessed=last)
     # touched: promoted and not computed yet (an allocator may keep an id in
     # its set after it reports it computed; vLLM 0.8.5 does for evictable ids)
-    touched = frozenset(i for i in promoted if not computed(i))
+    touched = frozenset(i for i in promoted if not (
+        blocks[i].computed if i in blocks else computed(i, _active(trackers.get(i)))))
 
     hits, misses = hits_and_misses(getattr(allocator, "metric_data", None))
     free = getattr(getattr(allocator, "_hashless_allocator", None), "_free_block_indices", ())
@@ -564,6 +569,11 @@ def _state(allocator: Any, ledger: ContentLedger,
     if part is None:
         return AbstractState(**fields)
     return _restricted(fields, free, part, len(all_free_table), len(all_cached), block_ids)
+
+
+def _active(tracker: Any) -> Any:
+    """``tracker`` if it is an active tracker, else None."""
+    return tracker if tracker is not None and getattr(tracker, "active", False) else None
 
 
 def free_in_order(free: Sequence[BlockId], wanted: AbstractSet[BlockId]) -> Tuple[BlockId, ...]:
