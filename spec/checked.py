@@ -472,58 +472,72 @@ class Checker:
                 f"audit: invariants violated: {', '.join(violated) or 'none'}; the state "
                 f"differs from the spec's: {describe_change(expected, whole)}")
 
-    def elements(self, bound: Bound, result: Any, failed: bool) -> Part:
+    def elements(self, bound: Bound, result: Any, blocks: Optional[List[Any]]) -> Part:
         """The ids and keys the call touched: those its arguments and result
-        name, the ids it may take, the touched or cached ids it concerns,
-        and the ids and keys these map to before (in the mirror) and after
-        (in the allocator)."""
+        name (``blocks``: the Blocks it may have changed, from its arguments
+        and result; None when it raised), the ids it may take, the touched
+        or cached ids it concerns, and the ids and keys these map to before
+        (in the mirror) and after (in the allocator)."""
         m = self.mirror
         assert m is not None
         a = self.allocator
         ids: Set[BlockId] = set(bound.ids)
         keys: Set[ContentKey] = {k for k in bound.keys if k is not None}
-        if not failed:
+        name = self.ledger.name
+        if blocks is not None:
             if bound.result_ids or bound.finish in (_ids_of_result, _id_of_result):
                 ids.update(_ids_in(bound.finish(result)))
-            for b in (*bound.new_blocks, *_blocks_in(result)):
-                ids.update(_ids_in(getattr(b, "block_id", None)))
+            for b in blocks:
+                i = getattr(b, "block_id", None)
+                if type(i) is int:
+                    ids.add(i)
+                elif i is not None:
+                    ids.update(_ids_in(i))
                 h = getattr(b, "content_hash", None)
-                name = self.ledger.name(h) if h is not None else None
-                if name is not None:
-                    keys.add(name)
-        free, victims = m.head(bound.takes)
-        ids.update(free)
-        ids.update(victims)
-        touched = getattr(a, "_touched_blocks", ())
+                k = name(h) if h is not None else None
+                if k is not None:
+                    keys.add(k)
+        if bound.takes:
+            free, victims = m.head(bound.takes)
+            ids.update(free)
+            ids.update(victims)
         if bound.all_touched:
             ids.update(m.touched)
-            ids.update(touched)
+            ids.update(getattr(a, "_touched_blocks", ()))
         table = getattr(getattr(a, "evictor", None), "free_table", {})
         if bound.reset:
             ids.update(m.blocks if not m.in_use else (next(iter(m.in_use)),))
             ids.update(table)
         cached = getattr(a, "_cached_blocks", {})
-        ledger = self.ledger
-        known = m.block_ids
+        hash_of = self.ledger.hash_of
+        mirror_blocks, mirror_cached = m.blocks.get, m.cached.get
         todo_ids, todo_keys = list(ids), list(keys)
         while todo_ids or todo_keys:
             for i in todo_ids:
-                b = m.blocks.get(i)
+                b = mirror_blocks(i)
+                if b is not None and b.content is not None and b.content not in keys:
+                    keys.add(b.content)
+                    todo_keys.append(b.content)
                 meta = table.get(i)
-                for k in (b.content if b is not None else None,
-                          ledger.name(meta.content_hash) if meta is not None else None):
+                if meta is not None:
+                    k = name(meta.content_hash)
                     if k is not None and k not in keys:
                         keys.add(k)
                         todo_keys.append(k)
             todo_ids = []
             for k in todo_keys:
-                h = ledger.hash_of(k)
-                for j in (m.cached.get(k), cached.get(h) if h is not None else None):
-                    if j is not None and j not in ids:
-                        ids.add(j)
-                        todo_ids.append(j)
+                j = mirror_cached(k)
+                if j is not None and j not in ids:
+                    ids.add(j)
+                    todo_ids.append(j)
+                h = hash_of(k)
+                j = cached.get(h) if h is not None else None
+                if j is not None and j not in ids:
+                    ids.add(j)
+                    todo_ids.append(j)
             todo_keys = []
-        return (frozenset(i for i in ids if i in known), frozenset(keys))
+        known = m.block_ids
+        return (frozenset([i for i in ids if i in known]), frozenset(keys))
 
     def run(self, op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
             kwargs: Mapping[str, Any]) -> Any:
@@ -547,16 +561,16 @@ class Checker:
             result = call()
         except BaseException as exc:
             self.depth -= 1
-            part = self.elements(bound, None, True)
+            part = self.elements(bound, None, None)
             old = self.mirror.part(part)  # type: ignore[union-attr]
             self.judge_error(op, old, self._checked_state(f"{op} raised {exc!r}", part),
                              bound.pre(old), exc)
             raise
         self.depth -= 1
         collisions = len(self.ledger.collisions)
-        self.observe_new(bound.new_blocks)
-        self.observe_new(_blocks_in(result))
-        part = self.elements(bound, result, False)
+        blocks = [*bound.new_blocks, *_blocks_in(result)]
+        self.observe_new(blocks)
+        part = self.elements(bound, result, blocks)
         mirror = self.mirror
         assert mirror is not None
         old = mirror.part(part)
@@ -614,8 +628,9 @@ def _ids_in(value: Any) -> List[BlockId]:
 
 
 def _blocks_in(value: Any) -> List[Any]:
+    """The items of a result that may be Blocks (not ids, hashes or pairs)."""
     if isinstance(value, (list, tuple)):
-        return list(value)
+        return [b for b in value if type(b) not in (int, tuple)]
     return [value] if hasattr(value, "content_hash") else []
 
 
