@@ -13,7 +13,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import AbstractSet, Container, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import (
+    AbstractSet,
+    Container,
+    Dict,
+    Iterable,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from .pure import eviction_rank
 
@@ -239,13 +249,19 @@ class PartialState(AbstractState):
         the same elements), with the keys those ids hold and the ids those
         keys name, before and after: the elements whose invariants a change
         from ``old`` to this state can break."""
-        entries = {e.block_id: e for e in self.evictor}
-        old_entries = {e.block_id: e for e in old.evictor}
-        ids = {i for i in self.ids
-               if self.blocks.get(i) != old.blocks.get(i) or entries.get(i) != old_entries.get(i)
-               or (i in self.touched) != (i in old.touched)
-               or self.free_counts.get(i) != old.free_counts.get(i)}
-        keys = {k for k in self.keys if self.cached.get(k) != old.cached.get(k)}
+        ids: Set[BlockId] = set()   # each part compared at its ids only where it differs
+        if self.blocks != old.blocks:
+            ids.update(i for i in self.ids if self.blocks.get(i) != old.blocks.get(i))
+        if self.evictor != old.evictor:
+            entries = {e.block_id: e for e in self.evictor}
+            old_entries = {e.block_id: e for e in old.evictor}
+            ids.update(i for i in self.ids if entries.get(i) != old_entries.get(i))
+        if self.touched != old.touched:
+            ids.update(i for i in self.ids if (i in self.touched) != (i in old.touched))
+        if self.free != old.free:
+            ids.update(i for i in self.ids if self.free_counts.get(i) != old.free_counts.get(i))
+        keys: Set[ContentKey] = set() if self.cached == old.cached else {
+            k for k in self.keys if self.cached.get(k) != old.cached.get(k)}
         for i in list(ids):
             keys.update(b.content for b in (self.blocks.get(i), old.blocks.get(i))
                         if b is not None and b.content is not None)
