@@ -307,17 +307,30 @@ def group_of(name: str) -> str:
 def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[str]:
     """Return the names of the invariants that ``s`` violates, in registry
     order (empty when all hold); ownership is checked only when a view is given."""
-    violated: List[str] = []
-    domains: Dict[Any, List[Any]] = {}     # each kind of element listed once
-    for inv in INVARIANTS:
-        elements = domains.get(inv.over)
-        if elements is None:
-            elements = domains[inv.over] = list(inv.over(s))
-        holds = inv.holds
-        for x in elements:
-            if not holds(s, x):
-                violated.append(inv.name)
-                break
+    failed: List[str] = []
+    for over, invariants in _BY_DOMAIN:    # each kind of element listed once
+        elements = list(over(s))
+        if not elements:
+            continue
+        for inv in invariants:
+            holds = inv.holds
+            for x in elements:
+                if not holds(s, x):
+                    failed.append(inv.name)
+                    break
+    violated = [inv.name for inv in INVARIANTS if inv.name in failed] if failed else failed
     if ownership is not None and not OWNERSHIP.check(s, ownership):
         violated.append(OWNERSHIP.name)
     return violated
+
+
+def _by_domain() -> Tuple[Tuple[Callable[[AbstractState], Iterable[Any]],
+                                Tuple[Invariant, ...]], ...]:
+    """The invariants grouped by the kind of element they are stated at."""
+    domains: Dict[Any, List[Invariant]] = {}
+    for inv in INVARIANTS:
+        domains.setdefault(inv.over, []).append(inv)
+    return tuple((over, tuple(invs)) for over, invs in domains.items())
+
+
+_BY_DOMAIN = _by_domain()
