@@ -73,11 +73,15 @@ class Mirror:
     def part(self, part: Part) -> PartialState:
         """The state at the ids and keys of ``part``, with the counts of the rest."""
         ids, keys = part
-        blocks = {i: self.blocks[i] for i in ids if i in self.blocks}
-        cached = {k: self.cached[k] for k in keys if k in self.cached}
-        evictor = tuple(sorted((self.entries[i] for i in ids if i in self.entries),
-                               key=EvictorEntry.eviction_rank))
-        free = free_in_order(self.free, frozenset(i for i in ids if i not in blocks))
+        get_block, get_id, get_entry = self.blocks.get, self.cached.get, self.entries.get
+        blocks = {i: b for i in ids if (b := get_block(i)) is not None}
+        cached = {k: j for k in keys if (j := get_id(k)) is not None}
+        entries = [e for i in ids if (e := get_entry(i)) is not None]
+        if len(entries) > 1:
+            entries.sort(key=EvictorEntry.eviction_rank)
+        evictor = tuple(entries)
+        free = free_in_order(self.free, frozenset([i for i in ids if i not in blocks])
+                             ) if len(blocks) < len(ids) else ()
         state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
         state.__dict__.update(
             block_ids=self.block_ids, free=free, blocks=blocks, cached=cached, evictor=evictor,
