@@ -53,6 +53,9 @@ from .state import (
 Part = Tuple[AbstractSet[BlockId], AbstractSet[ContentKey]]
 """The elements a partial state is read at: (ids, content keys)."""
 
+Reuse = Tuple[Mapping[BlockId, BlockState], Mapping[BlockId, EvictorEntry]]
+"""Block states and evictor entries by id that a reading may reuse."""
+
 #: :func:`.pure.chain_key` without its runtime contract (read for every live
 #: Block at every reading of the state)
 _chain_key = pure.unchecked(pure.chain_key)
@@ -420,6 +423,7 @@ def abstract_state(
     reported_free: Optional[int] = None,
     block_ids: Optional[Iterable[BlockId]] = None,
     part: Optional[Part] = None,
+    reuse: Optional[Reuse] = None,
 ) -> AbstractState:
     """Return the abstract state of one allocator (one device), reading its
     vLLM-shaped attributes; the allocator is not changed.  With ``part``
@@ -439,24 +443,28 @@ def abstract_state(
     :func:`contents_of` (feeding ``ledger``).  Evictor entries are named by
     their own hash.  ``reported_free`` and ``block_ids`` override the calls
     to ``get_num_free_blocks()`` and ``all_block_ids`` (the checked
-    allocators pass the undecorated answers).  Raises
-    :class:`AbstractionError` for a cached hash nothing names.
+    allocators pass the undecorated answers).  ``reuse`` (block states and
+    evictor entries by id, say a former reading's): where the reading equals
+    one of them it is that very object (so that comparing the two is quick).
+    Raises :class:`AbstractionError` for a cached hash nothing names.
     """
     if ledger is None:
         ledger = ContentLedger()
     if part is not None:
         ids = block_ids if block_ids is None or isinstance(block_ids, (range, tuple)) else \
             block_ids if isinstance(block_ids, Sequence) else tuple(block_ids)
-        return _partial_state(allocator, ledger, part, reported_free, ids)
+        return _partial_state(allocator, ledger, part, reported_free, ids, reuse)
     if not is_prefix_caching(allocator):
         return _naive_state(allocator, reported_free, block_ids)
-    return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids)
+    return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids,
+                  reuse=reuse)
 
 
 def _state(allocator: Any, ledger: ContentLedger,
            contents: Optional[Mapping[BlockId, Optional[ContentKey]]],
            live_blocks: Optional[Iterable[Any]], reported_free: Optional[int],
-           block_ids: Optional[Iterable[BlockId]], part: Optional[Part] = None) -> AbstractState:
+           block_ids: Optional[Iterable[BlockId]], part: Optional[Part] = None,
+           reuse: Optional[Reuse] = None) -> AbstractState:
     """The state of a prefix-caching allocator (see :func:`abstract_state`)."""
     contents = _with_live_contents(contents, live_blocks, ledger)
     given: Mapping[BlockId, Optional[ContentKey]] = contents if contents is not None else {}
@@ -498,15 +506,18 @@ def _state(allocator: Any, ledger: ContentLedger,
     for h, i in cached_hashes.items():
         cached.setdefault(names(h) or name(h, i), i)
 
-    entries = [
-        EvictorEntry(
-            last_accessed=_time(meta.last_accessed, "the evictor's entry of id", i),
-            num_hashed_tokens=int(meta.num_hashed_tokens),
-            block_id=i,
-            content=names(meta.content_hash) or name(meta.content_hash, i),
-        )
-        for i, meta in free_table.items()
-    ]
+    former_blocks, former_entries = reuse if reuse is not None else ({}, {})
+    entries: List[EvictorEntry] = []
+    for i, meta in free_table.items():
+        last = _time(meta.last_accessed, "the evictor's entry of id", i)
+        tokens = int(meta.num_hashed_tokens)
+        key = names(meta.content_hash) or name(meta.content_hash, i)
+        e = former_entries.get(i)
+        if e is None or e.last_accessed != last or e.num_hashed_tokens != tokens \
+                or e.content is not key:
+            e = EvictorEntry(last_accessed=last, num_hashed_tokens=tokens, block_id=i,
+                             content=key)
+        entries.append(e)
     if len(entries) > 1:
         entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
 
@@ -544,8 +555,12 @@ def _state(allocator: Any, ledger: ContentLedger,
             tracker = None
             last = _time(free_table[i].last_accessed, "the evictor's entry of id", i) \
                 if i in free_table else NEVER_ACCESSED
-        blocks[i] = BlockState(refcount=rc, content=content, computed=computed(i, tracker),
-                               last_accessed=last)
+        done = computed(i, tracker)
+        b = former_blocks.get(i)
+        if b is None or b.refcount != rc or b.content is not content or b.computed != done \
+                or b.last_accessed != last:
+            b = BlockState(refcount=rc, content=content, computed=done, last_accessed=last)
+        blocks[i] = b
     # touched: promoted and not computed yet (an allocator may keep an id in
     # its set after it reports it computed; vLLM 0.8.5 does for evictable ids)
     touched = frozenset(i for i in promoted if not (
@@ -609,13 +624,14 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
 
 def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
                    reported_free: Optional[int],
-                   block_ids: Optional[Sequence[BlockId]]) -> PartialState:
+                   block_ids: Optional[Sequence[BlockId]],
+                   reuse: Optional[Reuse] = None) -> PartialState:
     """:func:`abstract_state` restricted to ``part`` (ids, keys)."""
     if block_ids is None:
         raise ValueError("a partial state needs the allocator's block_ids")
     if is_prefix_caching(allocator):
         return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
-                      block_ids, part)
+                      block_ids, part, reuse)
     whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
     free = getattr(allocator, "_free_block_indices", ())
     return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)

@@ -241,9 +241,11 @@ class Checker:
         self.depth += 1         # the readers may call checked methods: they run plain
         try:
             if part is not None:
-                assert self.mirror is not None
+                m = self.mirror
+                assert m is not None
                 return abstract_state(a, ledger=self.ledger, reported_free=free_of(a),
-                                      block_ids=self.mirror.block_ids, part=part)
+                                      block_ids=m.block_ids, part=part,
+                                      reuse=(m.blocks, m.entries))
             ids, free = ids_of(a), free_of(a)
             return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids)
         finally:
