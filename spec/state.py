@@ -10,19 +10,23 @@ equal here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import (
     AbstractSet,
+    Any,
     Container,
     Dict,
+    FrozenSet,
     Iterable,
     Mapping,
     Optional,
     Sequence,
     Set,
     Tuple,
+    TypeVar,
 )
 
 from .pure import eviction_rank
@@ -50,6 +54,33 @@ class HashedKey(tuple):  # type: ignore[type-arg]
         except KeyError:
             h = self.__dict__["_hash"] = tuple.__hash__(self)
             return h
+
+
+_S = TypeVar("_S")
+
+
+def replace(obj: _S, **changes: Any) -> _S:
+    """Return a copy of ``obj``, an instance of one of this module's frozen
+    dataclasses, with ``changes`` to its fields: ``dataclasses.replace``
+    (which it calls for a name that is not a field, to raise its
+    TypeError) without running ``__init__``, which sets every field through
+    ``object.__setattr__`` (the contracts' steps make many copies).  Values
+    an AbstractState keeps of its fields (``free_counts``, ...) are not copied."""
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None:
+        names = _FIELD_NAMES[type(obj)] = frozenset(f.name for f in fields(obj))  # type: ignore[arg-type]
+    if not names.issuperset(changes):
+        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
+    copy = object.__new__(type(obj))
+    values = copy.__dict__
+    values.update(obj.__dict__)
+    values.update(changes)
+    for name in _DERIVED:
+        values.pop(name, None)
+    return copy
+
+
+_FIELD_NAMES: Dict[type, FrozenSet[str]] = {}
 
 
 #: The ``last_accessed`` of an id that was never marked accessed since it was
@@ -189,6 +220,11 @@ class AbstractState:
     def known_ids(self) -> Container[BlockId]:
         """The ids of this allocator, as a container."""
         return self.block_ids if isinstance(self.block_ids, range) else frozenset(self.block_ids)
+
+
+_DERIVED = tuple(name for name, value in vars(AbstractState).items()
+                 if isinstance(value, cached_property))
+"""The values an AbstractState computes from its fields once, when first read."""
 
 
 @dataclass(frozen=True)
