@@ -135,7 +135,11 @@ class Mirror:
 
     def _move_free(self, gone: Tuple[BlockId, ...], came: Tuple[BlockId, ...],
                    free: Sequence[BlockId]) -> None:
-        """Replace the free ids ``gone`` by ``came``, placed as in ``free``."""
+        """Replace the free ids ``gone`` by ``came``, placed as in ``free``
+        (nothing to do when they are the same ids in the same order: none
+        was released)."""
+        if gone == came:
+            return
         n = len(gone)
         if tuple(self.free[k] for k in range(min(n, len(self.free)))) == gone:
             for _ in range(n):
