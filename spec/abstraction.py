@@ -337,7 +337,7 @@ def _refcounts(allocator: Any, ids: Sequence[BlockId]) -> Dict[BlockId, int]:
 def _copy_on_writes(allocator: Any) -> Tuple[Tuple[BlockId, BlockId], ...]:
     tracker = getattr(allocator, "_cow_tracker", None)
     pairs = getattr(tracker, "_copy_on_writes", ())
-    return tuple((int(a), int(b)) for a, b in pairs)
+    return tuple([(int(a), int(b)) for a, b in pairs]) if pairs else ()
 
 
 def hits_and_misses(metric_data: Any) -> Tuple[int, int]:
@@ -424,6 +424,7 @@ def abstract_state(
     block_ids: Optional[Iterable[BlockId]] = None,
     part: Optional[Part] = None,
     reuse: Optional[Reuse] = None,
+    computed: Optional[Callable[[BlockId], Any]] = None,
 ) -> AbstractState:
     """Return the abstract state of one allocator (one device), reading its
     vLLM-shaped attributes; the allocator is not changed.  With ``part``
@@ -442,8 +443,9 @@ def abstract_state(
     ``live_blocks`` is a shorthand: ``contents`` is computed from them with
     :func:`contents_of` (feeding ``ledger``).  Evictor entries are named by
     their own hash.  ``reported_free`` and ``block_ids`` override the calls
-    to ``get_num_free_blocks()`` and ``all_block_ids`` (the checked
-    allocators pass the undecorated answers).  ``reuse`` (block states and
+    to ``get_num_free_blocks()`` and ``all_block_ids``, and ``computed``
+    the allocator's ``block_is_computed`` (the checked allocators pass the
+    undecorated answers and method).  ``reuse`` (block states and
     evictor entries by id, say a former reading's): where the reading equals
     one of them it is that very object (so that comparing the two is quick).
     Raises :class:`AbstractionError` for a cached hash nothing names.
@@ -453,18 +455,19 @@ def abstract_state(
     if part is not None:
         ids = block_ids if block_ids is None or isinstance(block_ids, (range, tuple)) else \
             block_ids if isinstance(block_ids, Sequence) else tuple(block_ids)
-        return _partial_state(allocator, ledger, part, reported_free, ids, reuse)
+        return _partial_state(allocator, ledger, part, reported_free, ids, reuse, computed)
     if not is_prefix_caching(allocator):
         return _naive_state(allocator, reported_free, block_ids)
     return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids,
-                  reuse=reuse)
+                  reuse=reuse, ask=computed)
 
 
 def _state(allocator: Any, ledger: ContentLedger,
            contents: Optional[Mapping[BlockId, Optional[ContentKey]]],
            live_blocks: Optional[Iterable[Any]], reported_free: Optional[int],
            block_ids: Optional[Iterable[BlockId]], part: Optional[Part] = None,
-           reuse: Optional[Reuse] = None) -> AbstractState:
+           reuse: Optional[Reuse] = None,
+           ask: Optional[Callable[[BlockId], Any]] = None) -> AbstractState:
     """The state of a prefix-caching allocator (see :func:`abstract_state`)."""
     contents = _with_live_contents(contents, live_blocks, ledger)
     given: Mapping[BlockId, Optional[ContentKey]] = contents if contents is not None else {}
@@ -522,7 +525,8 @@ def _state(allocator: Any, ledger: ContentLedger,
         entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
 
     trackers: Mapping[BlockId, Any] = getattr(allocator, "_block_tracker", {})
-    ask = getattr(allocator, "block_is_computed", None)
+    if ask is None:
+        ask = getattr(allocator, "block_is_computed", None)
 
     def computed(i: BlockId, tracker: Any) -> bool:
         """What ``block_is_computed(i)`` answers (read off ``tracker``, the
@@ -550,12 +554,19 @@ def _state(allocator: Any, ledger: ContentLedger,
             content = None
         tracker = trackers.get(i)
         if tracker is not None and getattr(tracker, "active", False):
-            last = _time(tracker.last_accessed, "the tracker of id", i)
+            last = tracker.last_accessed
+            if type(last) is not float:
+                last = _time(last, "the tracker of id", i)
         else:
             tracker = None
             last = _time(free_table[i].last_accessed, "the evictor's entry of id", i) \
                 if i in free_table else NEVER_ACCESSED
-        done = computed(i, tracker)
+        if ask is not None:     # computed(i, tracker), inline (it runs once per id)
+            done = ask(i)
+            if type(done) is not bool:
+                raise AnswerTypeError(f"block_is_computed({i}) answered {done!r}, not a bool")
+        else:
+            done = computed(i, tracker)
         b = former_blocks.get(i)
         if b is None or b.refcount != rc or b.content is not content or b.computed != done \
                 or b.last_accessed != last:
@@ -625,13 +636,14 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
 def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
                    reported_free: Optional[int],
                    block_ids: Optional[Sequence[BlockId]],
-                   reuse: Optional[Reuse] = None) -> PartialState:
+                   reuse: Optional[Reuse] = None,
+                   computed: Optional[Callable[[BlockId], Any]] = None) -> PartialState:
     """:func:`abstract_state` restricted to ``part`` (ids, keys)."""
     if block_ids is None:
         raise ValueError("a partial state needs the allocator's block_ids")
     if is_prefix_caching(allocator):
         return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
-                      block_ids, part, reuse)
+                      block_ids, part, reuse, computed)
     whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
     free = getattr(allocator, "_free_block_indices", ())
     return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)

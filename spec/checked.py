@@ -58,6 +58,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type
 
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
@@ -221,7 +222,8 @@ class Checker:
         self.mirror: Optional[Mirror] = None
         self.calls = 0
         self.audit_every = audit_every()
-        self._readers: Optional[Tuple[Callable[[Any], Any], Callable[[Any], int]]] = None
+        self._readers: Optional[Tuple[Callable[[Any], Any], Callable[[Any], int],
+                                      Optional[Callable[[BlockId], Any]]]] = None
         self._signatures: Dict[Any, inspect.Signature] = {}
         self._binders: Dict[Any, Callable[..., Dict[str, Any]]] = {}
 
@@ -232,12 +234,14 @@ class Checker:
         read through the undecorated ``all_block_ids`` and
         ``get_num_free_blocks`` of the instance's class (so no contract runs
         inside the reading)."""
-        if self._readers is None:
-            cls = type(self.allocator)
-            self._readers = (inspect.unwrap(cls.all_block_ids.fget),
-                             inspect.unwrap(cls.get_num_free_blocks))
-        ids_of, free_of = self._readers
         a = self.allocator
+        if self._readers is None:
+            cls = type(a)
+            ask = getattr(cls, "block_is_computed", None)
+            self._readers = (inspect.unwrap(cls.all_block_ids.fget),
+                             inspect.unwrap(cls.get_num_free_blocks),
+                             None if ask is None else MethodType(inspect.unwrap(ask), a))
+        ids_of, free_of, computed = self._readers
         self.depth += 1         # the readers may call checked methods: they run plain
         try:
             if part is not None:
@@ -245,9 +249,10 @@ class Checker:
                 assert m is not None
                 return abstract_state(a, ledger=self.ledger, reported_free=free_of(a),
                                       block_ids=m.block_ids, part=part,
-                                      reuse=(m.blocks, m.entries))
+                                      reuse=(m.blocks, m.entries), computed=computed)
             ids, free = ids_of(a), free_of(a)
-            return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids)
+            return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids,
+                                  computed=computed)
         finally:
             self.depth -= 1
 
@@ -257,11 +262,11 @@ class Checker:
 
     def _checked_state(self, when: str, part: Optional[Part] = None) -> AbstractState:
         """``_read(part)``, with an unnameable content turned into a violation."""
-        import icontract
-
         try:
             return self._read(part)
         except AbstractionError as exc:
+            import icontract
+
             self.cache = None
             self.mirror = None
             raise icontract.ViolationError(
@@ -484,8 +489,12 @@ class Checker:
         assert m is not None
         a = self.allocator
         ids: Set[BlockId] = set(bound.ids)
-        keys: Set[ContentKey] = {k for k in bound.keys if k is not None}
-        name = self.ledger.name
+        name, hash_of = self.ledger.name, self.ledger.hash_of
+        keys: Set[ContentKey] = set()
+        for k in bound.keys:     # as the ledger's own objects (equal: quick to compare)
+            if k is not None:
+                h = hash_of(k)
+                keys.add(k if h is None else name(h) or k)
         if blocks is not None:
             if bound.result_ids or bound.finish in (_ids_of_result, _id_of_result):
                 ids.update(_ids_in(bound.finish(result)))
@@ -511,7 +520,6 @@ class Checker:
             ids.update(m.blocks if not m.in_use else (next(iter(m.in_use)),))
             ids.update(table)
         cached = getattr(a, "_cached_blocks", {})
-        hash_of = self.ledger.hash_of
         mirror_blocks, mirror_cached = m.blocks.get, m.cached.get
         todo_ids, todo_keys = list(ids), list(keys)
         while todo_ids or todo_keys:
@@ -553,8 +561,6 @@ class Checker:
     def run_bound(self, op: str, call: Callable[[], Any], arguments: Mapping[str, Any]) -> Any:
         """``call()``, the operation ``op`` with ``arguments``, checked
         incrementally."""
-        import icontract
-
         if self.mirror is None:
             self.start()
         bound = self.adapters[op](self, arguments)
@@ -569,9 +575,11 @@ class Checker:
                              bound.pre(old), exc)
             raise
         self.depth -= 1
-        collisions = len(self.ledger.collisions)
+        ledger = self.ledger
+        collisions = len(ledger.collisions)
         blocks = [*bound.new_blocks, *_blocks_in(result)]
-        self.observe_new(blocks)
+        if blocks:
+            self.observe_new(blocks)
         part = self.elements(bound, result, blocks)
         mirror = self.mirror
         assert mirror is not None
@@ -581,16 +589,19 @@ class Checker:
         changed = new.changed(old)  # type: ignore[attr-defined]
         if not failure:
             violated = check_all(new.narrowed(*changed))  # type: ignore[attr-defined]
-            violated += ["content_collision: " + line
-                         for line in self.ledger.anomalies()[collisions:]]
+            if ledger.collisions or ledger.conflicts:
+                violated += ["content_collision: " + line
+                             for line in ledger.anomalies()[collisions:]]
             if violated:
                 failure = (f"invariants violated at the elements {op} touched: "
                            f"{', '.join(violated)}; state: {new!r}")
         if failure:
+            import icontract
+
             self.mirror = None
             raise icontract.ViolationError(failure)
-        free = getattr(getattr(self.allocator, "_hashless_allocator", self.allocator),
-                       "_free_block_indices", ())
+        a = self.allocator
+        free = getattr(getattr(a, "_hashless_allocator", a), "_free_block_indices", ())
         mirror.commit(old, new, free, changed)  # type: ignore[arg-type]
         self.calls += 1
         if self.audit_every and self.calls % self.audit_every == 0:
