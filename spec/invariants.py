@@ -14,6 +14,7 @@ classes of prefixcache.impl) so that CrossHair can run symbolically over them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, methodcaller
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .state import AbstractState, BlockId
@@ -51,28 +52,14 @@ class OwnershipInvariant:
     check: Callable[[AbstractState, Ownership], bool]
 
 
-def _ids(s: AbstractState) -> Iterable[BlockId]:
-    return s.scope_ids()
-
-
-def _keys(s: AbstractState) -> Iterable[Any]:
-    return s.scope_keys()
-
-
-def _entries(s: AbstractState) -> Iterable[Any]:
-    return s.scope_entries()
-
-
-def _touched(s: AbstractState) -> Iterable[BlockId]:
-    return s.scope_touched()
-
-
-def _cows(s: AbstractState) -> Iterable[Any]:
-    return s.copy_on_writes
-
-
-def _positions(s: AbstractState) -> Iterable[int]:
-    return s.scope_positions()
+# the elements of a state each kind of invariant is checked at (each a C-level
+# call: they run at every check)
+_ids: Callable[[AbstractState], Iterable[BlockId]] = methodcaller("scope_ids")
+_keys: Callable[[AbstractState], Iterable[Any]] = methodcaller("scope_keys")
+_entries: Callable[[AbstractState], Iterable[Any]] = methodcaller("scope_entries")
+_touched: Callable[[AbstractState], Iterable[BlockId]] = methodcaller("scope_touched")
+_cows: Callable[[AbstractState], Iterable[Any]] = attrgetter("copy_on_writes")
+_positions: Callable[[AbstractState], Iterable[int]] = methodcaller("scope_positions")
 
 
 def _whole(s: AbstractState) -> Iterable[AbstractState]:

@@ -270,7 +270,7 @@ class PartialState(AbstractState):
 
     def scope_touched(self) -> Iterable[BlockId]:
         """The touched ids among those this state lists."""
-        return [i for i in self.touched if i in self.ids]
+        return self.touched & self.ids
 
     def narrowed(self, ids: AbstractSet[BlockId], keys: AbstractSet[ContentKey]) -> PartialState:
         """This state, listing only ``ids`` and ``keys`` of its elements as
