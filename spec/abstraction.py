@@ -488,7 +488,7 @@ def _state(allocator: Any, ledger: ContentLedger,
             if h is not None and h in all_cached:
                 cached_hashes[h] = all_cached[h]
         free_table = {i: all_free_table[i] for i in ids if i in all_free_table}
-        promoted = frozenset(i for i in ids if i in all_promoted)
+        promoted = frozenset(filter(all_promoted.__contains__, ids))
     counts = _refcounts(allocator, ids)
     hash_of_id: Dict[BlockId, int] = {}
     for h, i in cached_hashes.items():
@@ -623,7 +623,7 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
     the counts of the free list, evictor (``num_evictable``) and cache
     (``num_cached``) beyond them."""
     ids, keys = part
-    listed = free_in_order(free, frozenset(i for i in ids if i not in fields["blocks"]))
+    listed = free_in_order(free, frozenset(ids).difference(fields["blocks"]))
     state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
     state.__dict__.update(
         fields, free=listed, block_ids=block_ids, ids=frozenset(ids),

@@ -72,7 +72,7 @@ class Mirror:
 
     def part(self, part: Part) -> PartialState:
         """The state at the ids and keys of ``part``, with the counts of the rest."""
-        ids, keys = part
+        ids, keys = frozenset(part[0]), frozenset(part[1])
         get_block, get_id, get_entry = self.blocks.get, self.cached.get, self.entries.get
         blocks = {i: b for i in ids if (b := get_block(i)) is not None}
         cached = {k: j for k in keys if (j := get_id(k)) is not None}
@@ -80,15 +80,14 @@ class Mirror:
         if len(entries) > 1:
             entries.sort(key=EvictorEntry.eviction_rank)
         evictor = tuple(entries)
-        free = free_in_order(self.free, frozenset([i for i in ids if i not in blocks])
-                             ) if len(blocks) < len(ids) else ()
+        free = free_in_order(self.free, ids.difference(blocks)) if len(blocks) < len(ids) else ()
         state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
         state.__dict__.update(
             block_ids=self.block_ids, free=free, blocks=blocks, cached=cached, evictor=evictor,
-            touched=frozenset(i for i in ids if i in self.touched),
+            touched=ids & self.touched,
             copy_on_writes=self.copy_on_writes, hits=self.hits, misses=self.misses,
             reported_free=self.reported_free, block_size=self.block_size,
-            ids=frozenset(ids), keys=frozenset(keys),
+            ids=ids, keys=keys,
             outside_free=len(self.free) - len(free),
             outside_evictable=len(self.entries) - len(evictor),
             outside_cached=len(self.cached) - len(cached))
