@@ -221,11 +221,6 @@ class ContentLedger:
         self.collisions: List[Collision] = []
         self.aliases: List[Alias] = []
         self.conflicts: List[SharedIdConflict] = []
-        # the two look-ups, bound once (the checked allocators make many a call)
-        self.name: Callable[[int], Optional[ContentKey]] = self._names.get
-        """Return the key first seen for a content hash, or None."""
-        self.hash_of: Callable[[ContentKey], Optional[int]] = self._hashes.get
-        """Return the hash first seen for a content key, or None."""
 
     def __len__(self) -> int:
         """Return the number of hashes named."""
@@ -234,6 +229,25 @@ class ContentLedger:
     def __contains__(self, content_hash: object) -> bool:
         """Return whether the hash has a name."""
         return content_hash in self._names
+
+    def name(self, content_hash: int) -> Optional[ContentKey]:
+        """Return the key first seen for ``content_hash``, or None."""
+        return self._names.get(content_hash)
+
+    def hash_of(self, key: ContentKey) -> Optional[int]:
+        """Return the hash first seen for ``key``, or None."""
+        return self._hashes.get(key)
+
+    @property
+    def names(self) -> Mapping[int, ContentKey]:
+        """Return hash -> the key first seen for it (to look many up: ``name``
+        each time costs a call more)."""
+        return self._names
+
+    @property
+    def hashes(self) -> Mapping[ContentKey, int]:
+        """Return key -> the hash first seen for it (as ``names``)."""
+        return self._hashes
 
     def observe(self, content_hash: int, key: ContentKey) -> bool:
         """Record that ``content_hash`` names ``key``; return False (and record
@@ -481,7 +495,7 @@ def _state(allocator: Any, ledger: ContentLedger,
         cached_hashes, free_table, promoted = all_cached, all_free_table, frozenset(all_promoted)
     else:
         ids = sorted(part[0])
-        hash_of = ledger.hash_of
+        hash_of = ledger.hashes.get
         cached_hashes = {}
         for k in part[1]:
             h = hash_of(k)
@@ -493,7 +507,7 @@ def _state(allocator: Any, ledger: ContentLedger,
     hash_of_id: Dict[BlockId, int] = {}
     for h, i in cached_hashes.items():
         hash_of_id.setdefault(i, h)
-    names = ledger.name
+    names = ledger.names.get
 
     def name(h: int, i: Optional[BlockId]) -> ContentKey:
         key = names(h)
@@ -512,7 +526,9 @@ def _state(allocator: Any, ledger: ContentLedger,
     former_blocks, former_entries = reuse if reuse is not None else ({}, {})
     entries: List[EvictorEntry] = []
     for i, meta in free_table.items():
-        last = _time(meta.last_accessed, "the evictor's entry of id", i)
+        last = meta.last_accessed
+        if type(last) is not float:
+            last = _time(last, "the evictor's entry of id", i)
         tokens = int(meta.num_hashed_tokens)
         key = names(meta.content_hash) or name(meta.content_hash, i)
         e = former_entries.get(i)
@@ -543,12 +559,12 @@ def _state(allocator: Any, ledger: ContentLedger,
     blocks: Dict[BlockId, BlockState] = {}
     for i in ids:
         rc = counts.get(i, 0)
-        if rc == 0 and i not in free_table and i not in hash_of_id:
+        h = hash_of_id.get(i, _NO_HASH)
+        if rc == 0 and h is _NO_HASH and i not in free_table:
             continue
-        if i in given:
+        if given and i in given:
             content = given[i]
-        elif i in hash_of_id:
-            h = hash_of_id[i]
+        elif h is not _NO_HASH:
             content = names(h) or name(h, i)
         else:
             content = None
@@ -595,6 +611,10 @@ def _state(allocator: Any, ledger: ContentLedger,
     if part is None:
         return AbstractState(**fields)
     return _restricted(fields, free, part, len(all_free_table), len(all_cached), block_ids)
+
+
+_NO_HASH: Any = object()
+"""No cached hash (``hash_of_id.get``'s default: a hash may be any value)."""
 
 
 def _active(tracker: Any) -> Any:

@@ -489,7 +489,7 @@ class Checker:
         assert m is not None
         a = self.allocator
         ids: Set[BlockId] = set(bound.ids)
-        name, hash_of = self.ledger.name, self.ledger.hash_of
+        name, hash_of = self.ledger.names.get, self.ledger.hashes.get
         keys: Set[ContentKey] = set()
         for k in bound.keys:     # as the ledger's own objects (equal: quick to compare)
             if k is not None:
