@@ -295,8 +295,10 @@ def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[s
     """Return the names of the invariants that ``s`` violates, in registry
     order (empty when all hold); ownership is checked only when a view is given."""
     failed: List[str] = []
-    for over, invariants in _BY_DOMAIN:    # each kind of element listed once
-        elements = list(over(s))
+    for over, invariants in _BY_DOMAIN:    # each kind of element read once
+        elements = over(s)
+        if type(elements) not in _REREAD:
+            elements = list(elements)
         if not elements:
             continue
         for inv in invariants:
@@ -321,3 +323,4 @@ def _by_domain() -> Tuple[Tuple[Callable[[AbstractState], Iterable[Any]],
 
 
 _BY_DOMAIN = _by_domain()
+_REREAD = (list, tuple, range, set, frozenset)   # elements that can be gone through again
