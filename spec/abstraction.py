@@ -575,8 +575,10 @@ def _state(allocator: Any, ledger: ContentLedger,
                 last = _time(last, "the tracker of id", i)
         else:
             tracker = None
-            last = _time(free_table[i].last_accessed, "the evictor's entry of id", i) \
-                if i in free_table else NEVER_ACCESSED
+            meta = free_table.get(i)
+            last = NEVER_ACCESSED if meta is None else meta.last_accessed
+            if type(last) is not float:
+                last = _time(last, "the evictor's entry of id", i)
         if ask is not None:     # computed(i, tracker), inline (it runs once per id)
             done = ask(i)
             if type(done) is not bool:
