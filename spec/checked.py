@@ -798,7 +798,7 @@ def _a_naive_full_touched(c: Checker, a: Mapping[str, Any]) -> Bound:
 
 
 def _a_find_prefix(c: Checker, a: Mapping[str, Any]) -> Bound:
-    keys = [c.ledger.name(h) for h in a["block_hashes"]]
+    keys = list(map(c.ledger.names.get, a["block_hashes"]))
     return Bound(_no_pre, lambda o, n, r: C.post_find_cached_blocks_prefix(o, n, r, keys), len,
                  keys=tuple(keys))
 
