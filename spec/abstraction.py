@@ -504,9 +504,6 @@ def _state(allocator: Any, ledger: ContentLedger,
         free_table = {i: all_free_table[i] for i in ids if i in all_free_table}
         promoted = frozenset(filter(all_promoted.__contains__, ids))
     counts = _refcounts(allocator, ids)
-    hash_of_id: Dict[BlockId, int] = {}
-    for h, i in cached_hashes.items():
-        hash_of_id.setdefault(i, h)
     names = ledger.names.get
 
     def name(h: int, i: Optional[BlockId]) -> ContentKey:
@@ -520,8 +517,11 @@ def _state(allocator: Any, ledger: ContentLedger,
         return key
 
     cached: Dict[ContentKey, BlockId] = {}
+    key_of_id: Dict[BlockId, ContentKey] = {}   # the key of an id's first cached hash
     for h, i in cached_hashes.items():
-        cached.setdefault(names(h) or name(h, i), i)
+        key = names(h) or name(h, i)
+        cached.setdefault(key, i)
+        key_of_id.setdefault(i, key)
 
     former_blocks, former_entries = reuse if reuse is not None else ({}, {})
     entries: List[EvictorEntry] = []
@@ -559,14 +559,12 @@ def _state(allocator: Any, ledger: ContentLedger,
     blocks: Dict[BlockId, BlockState] = {}
     for i in ids:
         rc = counts.get(i, 0)
-        h = hash_of_id.get(i, _NO_HASH)
-        if rc == 0 and h is _NO_HASH and i not in free_table:
+        content = key_of_id.get(i, _NO_HASH)
+        if rc == 0 and content is _NO_HASH and i not in free_table:
             continue
         if given and i in given:
             content = given[i]
-        elif h is not _NO_HASH:
-            content = names(h) or name(h, i)
-        else:
+        elif content is _NO_HASH:
             content = None
         tracker = trackers.get(i)
         if tracker is not None and getattr(tracker, "active", False):
@@ -616,7 +614,7 @@ def _state(allocator: Any, ledger: ContentLedger,
 
 
 _NO_HASH: Any = object()
-"""No cached hash (``hash_of_id.get``'s default: a hash may be any value)."""
+"""No cached hash (``key_of_id.get``'s default)."""
 
 
 def _active(tracker: Any) -> Any:
