@@ -53,6 +53,9 @@ from .state import (
 Part = Tuple[AbstractSet[BlockId], AbstractSet[ContentKey]]
 """The elements a partial state is read at: (ids, content keys)."""
 
+Reuse = Tuple[Mapping[BlockId, BlockState], Mapping[BlockId, EvictorEntry]]
+"""Block states and evictor entries by id that a reading may reuse."""
+
 #: :func:`.pure.chain_key` without its runtime contract (read for every live
 #: Block at every reading of the state)
 _chain_key = pure.unchecked(pure.chain_key)
@@ -68,10 +71,13 @@ class AnswerTypeError(AbstractionError):
     (``block_is_computed`` answering None for False)."""
 
 
-def _time(value: Any, holder: str) -> float:
-    """A last-access time read off ``holder``: a number (AnswerTypeError else)."""
+def _time(value: Any, holder: str, i: BlockId) -> float:
+    """A last-access time read off ``holder`` of id ``i``: a number
+    (AnswerTypeError else)."""
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AnswerTypeError(f"{holder} holds last_accessed {value!r}, not a number")
+        raise AnswerTypeError(f"{holder} {i} holds last_accessed {value!r}, not a number")
     return float(value)
 
 
@@ -232,6 +238,17 @@ class ContentLedger:
         """Return the hash first seen for ``key``, or None."""
         return self._hashes.get(key)
 
+    @property
+    def names(self) -> Mapping[int, ContentKey]:
+        """Return hash -> the key first seen for it (to look many up: ``name``
+        each time costs a call more)."""
+        return self._names
+
+    @property
+    def hashes(self) -> Mapping[ContentKey, int]:
+        """Return key -> the hash first seen for it (as ``names``)."""
+        return self._hashes
+
     def observe(self, content_hash: int, key: ContentKey) -> bool:
         """Record that ``content_hash`` names ``key``; return False (and record
         a :class:`Collision`) when the hash already names a different key."""
@@ -326,7 +343,7 @@ def contents_of(
 def _refcounts(allocator: Any, ids: Sequence[BlockId]) -> Dict[BlockId, int]:
     counter = getattr(allocator, "_refcounter", None)
     counts = getattr(counter, "_refcounts", None)
-    if isinstance(counts, Mapping):
+    if type(counts) is dict or isinstance(counts, Mapping):
         return {i: int(counts.get(i, 0)) for i in ids}
     return {i: int(counter.get(i)) for i in ids} if counter is not None else {}
 
@@ -334,7 +351,7 @@ def _refcounts(allocator: Any, ids: Sequence[BlockId]) -> Dict[BlockId, int]:
 def _copy_on_writes(allocator: Any) -> Tuple[Tuple[BlockId, BlockId], ...]:
     tracker = getattr(allocator, "_cow_tracker", None)
     pairs = getattr(tracker, "_copy_on_writes", ())
-    return tuple((int(a), int(b)) for a, b in pairs)
+    return tuple([(int(a), int(b)) for a, b in pairs]) if pairs else ()
 
 
 def hits_and_misses(metric_data: Any) -> Tuple[int, int]:
@@ -420,6 +437,8 @@ def abstract_state(
     reported_free: Optional[int] = None,
     block_ids: Optional[Iterable[BlockId]] = None,
     part: Optional[Part] = None,
+    reuse: Optional[Reuse] = None,
+    computed: Optional[Callable[[BlockId], Any]] = None,
 ) -> AbstractState:
     """Return the abstract state of one allocator (one device), reading its
     vLLM-shaped attributes; the allocator is not changed.  With ``part``
@@ -438,25 +457,31 @@ def abstract_state(
     ``live_blocks`` is a shorthand: ``contents`` is computed from them with
     :func:`contents_of` (feeding ``ledger``).  Evictor entries are named by
     their own hash.  ``reported_free`` and ``block_ids`` override the calls
-    to ``get_num_free_blocks()`` and ``all_block_ids`` (the checked
-    allocators pass the undecorated answers).  Raises
-    :class:`AbstractionError` for a cached hash nothing names.
+    to ``get_num_free_blocks()`` and ``all_block_ids``, and ``computed``
+    the allocator's ``block_is_computed`` (the checked allocators pass the
+    undecorated answers and method).  ``reuse`` (block states and
+    evictor entries by id, say a former reading's): where the reading equals
+    one of them it is that very object (so that comparing the two is quick).
+    Raises :class:`AbstractionError` for a cached hash nothing names.
     """
     if ledger is None:
         ledger = ContentLedger()
     if part is not None:
-        return _partial_state(allocator, ledger, part, reported_free,
-                              None if block_ids is None else tuple(block_ids)
-                              if not isinstance(block_ids, Sequence) else block_ids)
+        ids = block_ids if block_ids is None or isinstance(block_ids, (range, tuple)) else \
+            block_ids if isinstance(block_ids, Sequence) else tuple(block_ids)
+        return _partial_state(allocator, ledger, part, reported_free, ids, reuse, computed)
     if not is_prefix_caching(allocator):
         return _naive_state(allocator, reported_free, block_ids)
-    return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids)
+    return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids,
+                  reuse=reuse, ask=computed)
 
 
 def _state(allocator: Any, ledger: ContentLedger,
            contents: Optional[Mapping[BlockId, Optional[ContentKey]]],
            live_blocks: Optional[Iterable[Any]], reported_free: Optional[int],
-           block_ids: Optional[Iterable[BlockId]], part: Optional[Part] = None) -> AbstractState:
+           block_ids: Optional[Iterable[BlockId]], part: Optional[Part] = None,
+           reuse: Optional[Reuse] = None,
+           ask: Optional[Callable[[BlockId], Any]] = None) -> AbstractState:
     """The state of a prefix-caching allocator (see :func:`abstract_state`)."""
     contents = _with_live_contents(contents, live_blocks, ledger)
     given: Mapping[BlockId, Optional[ContentKey]] = contents if contents is not None else {}
@@ -470,17 +495,19 @@ def _state(allocator: Any, ledger: ContentLedger,
         cached_hashes, free_table, promoted = all_cached, all_free_table, frozenset(all_promoted)
     else:
         ids = sorted(part[0])
-        hashes = (ledger.hash_of(k) for k in part[1])
-        cached_hashes = {h: all_cached[h] for h in hashes if h is not None and h in all_cached}
+        hash_of = ledger.hashes.get
+        cached_hashes = {}
+        for k in part[1]:
+            h = hash_of(k)
+            if h is not None and h in all_cached:
+                cached_hashes[h] = all_cached[h]
         free_table = {i: all_free_table[i] for i in ids if i in all_free_table}
-        promoted = frozenset(i for i in ids if i in all_promoted)
+        promoted = frozenset(filter(all_promoted.__contains__, ids))
     counts = _refcounts(allocator, ids)
-    hash_of_id: Dict[BlockId, int] = {}
-    for h, i in cached_hashes.items():
-        hash_of_id.setdefault(i, h)
+    names = ledger.names.get
 
     def name(h: int, i: Optional[BlockId]) -> ContentKey:
-        key = ledger.name(h)
+        key = names(h)
         if key is None and i is not None:
             key = given.get(i)
             if key is not None:
@@ -490,61 +517,81 @@ def _state(allocator: Any, ledger: ContentLedger,
         return key
 
     cached: Dict[ContentKey, BlockId] = {}
+    key_of_id: Dict[BlockId, ContentKey] = {}   # the key of an id's first cached hash
     for h, i in cached_hashes.items():
-        cached.setdefault(name(h, i), i)
+        key = names(h) or name(h, i)
+        cached.setdefault(key, i)
+        key_of_id.setdefault(i, key)
 
-    entries = [
-        EvictorEntry(
-            last_accessed=_time(meta.last_accessed, f"the evictor's entry of id {i}"),
-            num_hashed_tokens=int(meta.num_hashed_tokens),
-            block_id=i,
-            content=name(meta.content_hash, i),
-        )
-        for i, meta in free_table.items()
-    ]
-    entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
+    former_blocks, former_entries = reuse if reuse is not None else ({}, {})
+    entries: List[EvictorEntry] = []
+    for i, meta in free_table.items():
+        last = meta.last_accessed
+        if type(last) is not float:
+            last = _time(last, "the evictor's entry of id", i)
+        tokens = int(meta.num_hashed_tokens)
+        key = names(meta.content_hash) or name(meta.content_hash, i)
+        e = former_entries.get(i)
+        if e is None or e.last_accessed != last or e.num_hashed_tokens != tokens \
+                or e.content is not key:
+            e = EvictorEntry(last_accessed=last, num_hashed_tokens=tokens, block_id=i,
+                             content=key)
+        entries.append(e)
+    if len(entries) > 1:
+        entries.sort(key=lambda e: (e.eviction_rank(), free_table[e.block_id].content_hash))
 
     trackers: Mapping[BlockId, Any] = getattr(allocator, "_block_tracker", {})
-
-    def tracker_of(i: BlockId) -> Any:
-        tracker = trackers.get(i)
-        return tracker if tracker is not None and getattr(tracker, "active", False) else None
-
-    def computed(i: BlockId) -> bool:
-        """What ``block_is_computed(i)`` answers (read off the trackers and
-        the evictor where the allocator has no such method)."""
+    if ask is None:
         ask = getattr(allocator, "block_is_computed", None)
+
+    def computed(i: BlockId, tracker: Any) -> bool:
+        """What ``block_is_computed(i)`` answers (read off ``tracker``, the
+        id's active tracker or None, and the evictor where the allocator has
+        no such method)."""
         if ask is not None:
             answer = ask(i)
             if type(answer) is not bool:
                 raise AnswerTypeError(f"block_is_computed({i}) answered {answer!r}, not a bool")
             return answer
-        tracker = tracker_of(i)
         return bool(tracker.computed) if tracker is not None else (
             i in free_table and i not in promoted)
 
     blocks: Dict[BlockId, BlockState] = {}
     for i in ids:
         rc = counts.get(i, 0)
-        if rc == 0 and i not in free_table and i not in hash_of_id:
+        content = key_of_id.get(i, _NO_HASH)
+        if rc == 0 and content is _NO_HASH and i not in free_table:
             continue
-        if i in given:
+        if given and i in given:
             content = given[i]
-        elif i in hash_of_id:
-            content = name(hash_of_id[i], i)
-        else:
+        elif content is _NO_HASH:
             content = None
-        tracker = tracker_of(i)
-        if tracker is not None:
-            last = _time(tracker.last_accessed, f"the tracker of id {i}")
+        tracker = trackers.get(i)
+        if tracker is not None and getattr(tracker, "active", False):
+            last = tracker.last_accessed
+            if type(last) is not float:
+                last = _time(last, "the tracker of id", i)
         else:
-            last = _time(free_table[i].last_accessed, f"the evictor's entry of id {i}") \
-                if i in free_table else NEVER_ACCESSED
-        blocks[i] = BlockState(refcount=rc, content=content, computed=computed(i),
-                               last_accessed=last)
+            tracker = None
+            meta = free_table.get(i)
+            last = NEVER_ACCESSED if meta is None else meta.last_accessed
+            if type(last) is not float:
+                last = _time(last, "the evictor's entry of id", i)
+        if ask is not None:     # computed(i, tracker), inline (it runs once per id)
+            done = ask(i)
+            if type(done) is not bool:
+                raise AnswerTypeError(f"block_is_computed({i}) answered {done!r}, not a bool")
+        else:
+            done = computed(i, tracker)
+        b = former_blocks.get(i)
+        if b is None or b.refcount != rc or b.content is not content or b.computed != done \
+                or b.last_accessed != last:
+            b = BlockState(refcount=rc, content=content, computed=done, last_accessed=last)
+        blocks[i] = b
     # touched: promoted and not computed yet (an allocator may keep an id in
     # its set after it reports it computed; vLLM 0.8.5 does for evictable ids)
-    touched = frozenset(i for i in promoted if not computed(i))
+    touched = frozenset(i for i in promoted if not (
+        blocks[i].computed if i in blocks else computed(i, _active(trackers.get(i)))))
 
     hits, misses = hits_and_misses(getattr(allocator, "metric_data", None))
     free = getattr(getattr(allocator, "_hashless_allocator", None), "_free_block_indices", ())
@@ -564,6 +611,15 @@ def _state(allocator: Any, ledger: ContentLedger,
     if part is None:
         return AbstractState(**fields)
     return _restricted(fields, free, part, len(all_free_table), len(all_cached), block_ids)
+
+
+_NO_HASH: Any = object()
+"""No cached hash (``key_of_id.get``'s default)."""
+
+
+def _active(tracker: Any) -> Any:
+    """``tracker`` if it is an active tracker, else None."""
+    return tracker if tracker is not None and getattr(tracker, "active", False) else None
 
 
 def free_in_order(free: Sequence[BlockId], wanted: AbstractSet[BlockId]) -> Tuple[BlockId, ...]:
@@ -587,7 +643,7 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
     the counts of the free list, evictor (``num_evictable``) and cache
     (``num_cached``) beyond them."""
     ids, keys = part
-    listed = free_in_order(free, frozenset(i for i in ids if i not in fields["blocks"]))
+    listed = free_in_order(free, frozenset(ids).difference(fields["blocks"]))
     state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
     state.__dict__.update(
         fields, free=listed, block_ids=block_ids, ids=frozenset(ids),
@@ -599,13 +655,15 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
 
 def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
                    reported_free: Optional[int],
-                   block_ids: Optional[Sequence[BlockId]]) -> PartialState:
+                   block_ids: Optional[Sequence[BlockId]],
+                   reuse: Optional[Reuse] = None,
+                   computed: Optional[Callable[[BlockId], Any]] = None) -> PartialState:
     """:func:`abstract_state` restricted to ``part`` (ids, keys)."""
     if block_ids is None:
         raise ValueError("a partial state needs the allocator's block_ids")
     if is_prefix_caching(allocator):
         return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
-                      block_ids, part)
+                      block_ids, part, reuse, computed)
     whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
     free = getattr(allocator, "_free_block_indices", ())
     return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)

@@ -58,6 +58,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type
 
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
@@ -221,7 +222,8 @@ class Checker:
         self.mirror: Optional[Mirror] = None
         self.calls = 0
         self.audit_every = audit_every()
-        self._readers: Optional[Tuple[Callable[[Any], Any], Callable[[Any], int]]] = None
+        self._readers: Optional[Tuple[Callable[[Any], Any], Callable[[Any], int],
+                                      Optional[Callable[[BlockId], Any]]]] = None
         self._signatures: Dict[Any, inspect.Signature] = {}
         self._binders: Dict[Any, Callable[..., Dict[str, Any]]] = {}
 
@@ -232,20 +234,25 @@ class Checker:
         read through the undecorated ``all_block_ids`` and
         ``get_num_free_blocks`` of the instance's class (so no contract runs
         inside the reading)."""
-        if self._readers is None:
-            cls = type(self.allocator)
-            self._readers = (inspect.unwrap(cls.all_block_ids.fget),
-                             inspect.unwrap(cls.get_num_free_blocks))
-        ids_of, free_of = self._readers
         a = self.allocator
+        if self._readers is None:
+            cls = type(a)
+            ask = getattr(cls, "block_is_computed", None)
+            self._readers = (inspect.unwrap(cls.all_block_ids.fget),
+                             inspect.unwrap(cls.get_num_free_blocks),
+                             None if ask is None else MethodType(inspect.unwrap(ask), a))
+        ids_of, free_of, computed = self._readers
         self.depth += 1         # the readers may call checked methods: they run plain
         try:
             if part is not None:
-                assert self.mirror is not None
+                m = self.mirror
+                assert m is not None
                 return abstract_state(a, ledger=self.ledger, reported_free=free_of(a),
-                                      block_ids=self.mirror.block_ids, part=part)
+                                      block_ids=m.block_ids, part=part,
+                                      reuse=(m.blocks, m.entries), computed=computed)
             ids, free = ids_of(a), free_of(a)
-            return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids)
+            return abstract_state(a, ledger=self.ledger, reported_free=free, block_ids=ids,
+                                  computed=computed)
         finally:
             self.depth -= 1
 
@@ -255,11 +262,11 @@ class Checker:
 
     def _checked_state(self, when: str, part: Optional[Part] = None) -> AbstractState:
         """``_read(part)``, with an unnameable content turned into a violation."""
-        import icontract
-
         try:
             return self._read(part)
         except AbstractionError as exc:
+            import icontract
+
             self.cache = None
             self.mirror = None
             raise icontract.ViolationError(
@@ -472,58 +479,75 @@ class Checker:
                 f"audit: invariants violated: {', '.join(violated) or 'none'}; the state "
                 f"differs from the spec's: {describe_change(expected, whole)}")
 
-    def elements(self, bound: Bound, result: Any, failed: bool) -> Part:
+    def elements(self, bound: Bound, result: Any, blocks: Optional[List[Any]]) -> Part:
         """The ids and keys the call touched: those its arguments and result
-        name, the ids it may take, the touched or cached ids it concerns,
-        and the ids and keys these map to before (in the mirror) and after
-        (in the allocator)."""
+        name (``blocks``: the Blocks it may have changed, from its arguments
+        and result; None when it raised), the ids it may take, the touched
+        or cached ids it concerns, and the ids and keys these map to before
+        (in the mirror) and after (in the allocator)."""
         m = self.mirror
         assert m is not None
         a = self.allocator
         ids: Set[BlockId] = set(bound.ids)
-        keys: Set[ContentKey] = {k for k in bound.keys if k is not None}
-        if not failed:
+        name, hash_of = self.ledger.names.get, self.ledger.hashes.get
+        keys: Set[ContentKey] = set()
+        for k in bound.keys:     # as the ledger's own objects (equal: quick to compare)
+            if k is not None:
+                h = hash_of(k)
+                keys.add(k if h is None else name(h) or k)
+        if blocks is not None:
             if bound.result_ids or bound.finish in (_ids_of_result, _id_of_result):
                 ids.update(_ids_in(bound.finish(result)))
-            for b in (*bound.new_blocks, *_blocks_in(result)):
-                ids.update(_ids_in(getattr(b, "block_id", None)))
+            for b in blocks:
+                i = getattr(b, "block_id", None)
+                if type(i) is int:
+                    ids.add(i)
+                elif i is not None:
+                    ids.update(_ids_in(i))
                 h = getattr(b, "content_hash", None)
-                name = self.ledger.name(h) if h is not None else None
-                if name is not None:
-                    keys.add(name)
-        free, victims = m.head(bound.takes)
-        ids.update(free)
-        ids.update(victims)
-        touched = getattr(a, "_touched_blocks", ())
+                k = name(h) if h is not None else None
+                if k is not None:
+                    keys.add(k)
+        if bound.takes:
+            free, victims = m.head(bound.takes)
+            ids.update(free)
+            ids.update(victims)
         if bound.all_touched:
             ids.update(m.touched)
-            ids.update(touched)
+            ids.update(getattr(a, "_touched_blocks", ()))
         table = getattr(getattr(a, "evictor", None), "free_table", {})
         if bound.reset:
             ids.update(m.blocks if not m.in_use else (next(iter(m.in_use)),))
             ids.update(table)
         cached = getattr(a, "_cached_blocks", {})
-        ledger = self.ledger
-        known = m.block_ids
+        mirror_blocks, mirror_cached = m.blocks.get, m.cached.get
         todo_ids, todo_keys = list(ids), list(keys)
         while todo_ids or todo_keys:
             for i in todo_ids:
-                b = m.blocks.get(i)
+                b = mirror_blocks(i)
+                if b is not None and b.content is not None and b.content not in keys:
+                    keys.add(b.content)
+                    todo_keys.append(b.content)
                 meta = table.get(i)
-                for k in (b.content if b is not None else None,
-                          ledger.name(meta.content_hash) if meta is not None else None):
+                if meta is not None:
+                    k = name(meta.content_hash)
                     if k is not None and k not in keys:
                         keys.add(k)
                         todo_keys.append(k)
             todo_ids = []
             for k in todo_keys:
-                h = ledger.hash_of(k)
-                for j in (m.cached.get(k), cached.get(h) if h is not None else None):
-                    if j is not None and j not in ids:
-                        ids.add(j)
-                        todo_ids.append(j)
+                j = mirror_cached(k)
+                if j is not None and j not in ids:
+                    ids.add(j)
+                    todo_ids.append(j)
+                h = hash_of(k)
+                j = cached.get(h) if h is not None else None
+                if j is not None and j not in ids:
+                    ids.add(j)
+                    todo_ids.append(j)
             todo_keys = []
-        return (frozenset(i for i in ids if i in known), frozenset(keys))
+        known = m.block_ids
+        return (frozenset([i for i in ids if i in known]), frozenset(keys))
 
     def run(self, op: str, fn: Callable[..., Any], args: Tuple[Any, ...],
             kwargs: Mapping[str, Any]) -> Any:
@@ -537,8 +561,6 @@ class Checker:
     def run_bound(self, op: str, call: Callable[[], Any], arguments: Mapping[str, Any]) -> Any:
         """``call()``, the operation ``op`` with ``arguments``, checked
         incrementally."""
-        import icontract
-
         if self.mirror is None:
             self.start()
         bound = self.adapters[op](self, arguments)
@@ -547,16 +569,18 @@ class Checker:
             result = call()
         except BaseException as exc:
             self.depth -= 1
-            part = self.elements(bound, None, True)
+            part = self.elements(bound, None, None)
             old = self.mirror.part(part)  # type: ignore[union-attr]
             self.judge_error(op, old, self._checked_state(f"{op} raised {exc!r}", part),
                              bound.pre(old), exc)
             raise
         self.depth -= 1
-        collisions = len(self.ledger.collisions)
-        self.observe_new(bound.new_blocks)
-        self.observe_new(_blocks_in(result))
-        part = self.elements(bound, result, False)
+        ledger = self.ledger
+        collisions = len(ledger.collisions)
+        blocks = [*bound.new_blocks, *_blocks_in(result)]
+        if blocks:
+            self.observe_new(blocks)
+        part = self.elements(bound, result, blocks)
         mirror = self.mirror
         assert mirror is not None
         old = mirror.part(part)
@@ -565,16 +589,19 @@ class Checker:
         changed = new.changed(old)  # type: ignore[attr-defined]
         if not failure:
             violated = check_all(new.narrowed(*changed))  # type: ignore[attr-defined]
-            violated += ["content_collision: " + line
-                         for line in self.ledger.anomalies()[collisions:]]
+            if ledger.collisions or ledger.conflicts:
+                violated += ["content_collision: " + line
+                             for line in ledger.anomalies()[collisions:]]
             if violated:
                 failure = (f"invariants violated at the elements {op} touched: "
                            f"{', '.join(violated)}; state: {new!r}")
         if failure:
+            import icontract
+
             self.mirror = None
             raise icontract.ViolationError(failure)
-        free = getattr(getattr(self.allocator, "_hashless_allocator", self.allocator),
-                       "_free_block_indices", ())
+        a = self.allocator
+        free = getattr(getattr(a, "_hashless_allocator", a), "_free_block_indices", ())
         mirror.commit(old, new, free, changed)  # type: ignore[arg-type]
         self.calls += 1
         if self.audit_every and self.calls % self.audit_every == 0:
@@ -614,8 +641,9 @@ def _ids_in(value: Any) -> List[BlockId]:
 
 
 def _blocks_in(value: Any) -> List[Any]:
+    """The items of a result that may be Blocks (not ids, hashes or pairs)."""
     if isinstance(value, (list, tuple)):
-        return list(value)
+        return [b for b in value if type(b) not in (int, tuple)]
     return [value] if hasattr(value, "content_hash") else []
 
 
@@ -770,7 +798,7 @@ def _a_naive_full_touched(c: Checker, a: Mapping[str, Any]) -> Bound:
 
 
 def _a_find_prefix(c: Checker, a: Mapping[str, Any]) -> Bound:
-    keys = [c.ledger.name(h) for h in a["block_hashes"]]
+    keys = list(map(c.ledger.names.get, a["block_hashes"]))
     return Bound(_no_pre, lambda o, n, r: C.post_find_cached_blocks_prefix(o, n, r, keys), len,
                  keys=tuple(keys))
 

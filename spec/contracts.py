@@ -25,7 +25,6 @@ where they differ.  The docstrings are rendered into SPEC.md.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import (
     AbstractSet,
     Any,
@@ -46,6 +45,7 @@ from .state import (
     BlockState,
     ContentKey,
     EvictorEntry,
+    replace,
 )
 
 #: the pure cores these contracts state their rules by, without the cores'

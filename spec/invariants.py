@@ -14,6 +14,7 @@ classes of prefixcache.impl) so that CrossHair can run symbolically over them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, methodcaller
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .state import AbstractState, BlockId
@@ -51,28 +52,14 @@ class OwnershipInvariant:
     check: Callable[[AbstractState, Ownership], bool]
 
 
-def _ids(s: AbstractState) -> Iterable[BlockId]:
-    return s.scope_ids()
-
-
-def _keys(s: AbstractState) -> Iterable[Any]:
-    return s.scope_keys()
-
-
-def _entries(s: AbstractState) -> Iterable[Any]:
-    return s.scope_entries()
-
-
-def _touched(s: AbstractState) -> Iterable[BlockId]:
-    return s.scope_touched()
-
-
-def _cows(s: AbstractState) -> Iterable[Any]:
-    return s.copy_on_writes
-
-
-def _positions(s: AbstractState) -> Iterable[int]:
-    return s.scope_positions()
+# the elements of a state each kind of invariant is checked at (each a C-level
+# call: they run at every check)
+_ids: Callable[[AbstractState], Iterable[BlockId]] = methodcaller("scope_ids")
+_keys: Callable[[AbstractState], Iterable[Any]] = methodcaller("scope_keys")
+_entries: Callable[[AbstractState], Iterable[Any]] = methodcaller("scope_entries")
+_touched: Callable[[AbstractState], Iterable[BlockId]] = methodcaller("scope_touched")
+_cows: Callable[[AbstractState], Iterable[Any]] = attrgetter("copy_on_writes")
+_positions: Callable[[AbstractState], Iterable[int]] = methodcaller("scope_positions")
 
 
 def _whole(s: AbstractState) -> Iterable[AbstractState]:
@@ -307,17 +294,33 @@ def group_of(name: str) -> str:
 def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[str]:
     """Return the names of the invariants that ``s`` violates, in registry
     order (empty when all hold); ownership is checked only when a view is given."""
-    violated: List[str] = []
-    domains: Dict[Any, List[Any]] = {}     # each kind of element listed once
-    for inv in INVARIANTS:
-        elements = domains.get(inv.over)
-        if elements is None:
-            elements = domains[inv.over] = list(inv.over(s))
-        holds = inv.holds
-        for x in elements:
-            if not holds(s, x):
-                violated.append(inv.name)
-                break
+    failed: List[str] = []
+    for over, invariants in _BY_DOMAIN:    # each kind of element read once
+        elements = over(s)
+        if type(elements) not in _REREAD:
+            elements = list(elements)
+        if not elements:
+            continue
+        for inv in invariants:
+            holds = inv.holds
+            for x in elements:
+                if not holds(s, x):
+                    failed.append(inv.name)
+                    break
+    violated = [inv.name for inv in INVARIANTS if inv.name in failed] if failed else failed
     if ownership is not None and not OWNERSHIP.check(s, ownership):
         violated.append(OWNERSHIP.name)
     return violated
+
+
+def _by_domain() -> Tuple[Tuple[Callable[[AbstractState], Iterable[Any]],
+                                Tuple[Invariant, ...]], ...]:
+    """The invariants grouped by the kind of element they are stated at."""
+    domains: Dict[Any, List[Invariant]] = {}
+    for inv in INVARIANTS:
+        domains.setdefault(inv.over, []).append(inv)
+    return tuple((over, tuple(invs)) for over, invs in domains.items())
+
+
+_BY_DOMAIN = _by_domain()
+_REREAD = (list, tuple, range, set, frozenset)   # elements that can be gone through again

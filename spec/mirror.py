@@ -72,19 +72,22 @@ class Mirror:
 
     def part(self, part: Part) -> PartialState:
         """The state at the ids and keys of ``part``, with the counts of the rest."""
-        ids, keys = part
-        blocks = {i: self.blocks[i] for i in ids if i in self.blocks}
-        cached = {k: self.cached[k] for k in keys if k in self.cached}
-        evictor = tuple(sorted((self.entries[i] for i in ids if i in self.entries),
-                               key=EvictorEntry.eviction_rank))
-        free = free_in_order(self.free, frozenset(i for i in ids if i not in blocks))
+        ids, keys = frozenset(part[0]), frozenset(part[1])
+        get_block, get_id, get_entry = self.blocks.get, self.cached.get, self.entries.get
+        blocks = {i: b for i in ids if (b := get_block(i)) is not None}
+        cached = {k: j for k in keys if (j := get_id(k)) is not None}
+        entries = [e for i in ids if (e := get_entry(i)) is not None]
+        if len(entries) > 1:
+            entries.sort(key=EvictorEntry.eviction_rank)
+        evictor = tuple(entries)
+        free = free_in_order(self.free, ids.difference(blocks)) if len(blocks) < len(ids) else ()
         state = object.__new__(PartialState)  # its fields set at once (a frozen dataclass)
         state.__dict__.update(
             block_ids=self.block_ids, free=free, blocks=blocks, cached=cached, evictor=evictor,
-            touched=frozenset(i for i in ids if i in self.touched),
+            touched=ids & self.touched,
             copy_on_writes=self.copy_on_writes, hits=self.hits, misses=self.misses,
             reported_free=self.reported_free, block_size=self.block_size,
-            ids=frozenset(ids), keys=frozenset(keys),
+            ids=ids, keys=keys,
             outside_free=len(self.free) - len(free),
             outside_evictable=len(self.entries) - len(evictor),
             outside_cached=len(self.cached) - len(cached))
@@ -131,7 +134,11 @@ class Mirror:
 
     def _move_free(self, gone: Tuple[BlockId, ...], came: Tuple[BlockId, ...],
                    free: Sequence[BlockId]) -> None:
-        """Replace the free ids ``gone`` by ``came``, placed as in ``free``."""
+        """Replace the free ids ``gone`` by ``came``, placed as in ``free``
+        (nothing to do when they are the same ids in the same order: none
+        was released)."""
+        if gone == came:
+            return
         n = len(gone)
         if tuple(self.free[k] for k in range(min(n, len(self.free)))) == gone:
             for _ in range(n):

@@ -10,10 +10,24 @@ equal here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
-from typing import AbstractSet, Container, Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import (
+    AbstractSet,
+    Any,
+    Container,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+)
 
 from .pure import eviction_rank
 
@@ -40,6 +54,33 @@ class HashedKey(tuple):  # type: ignore[type-arg]
         except KeyError:
             h = self.__dict__["_hash"] = tuple.__hash__(self)
             return h
+
+
+_S = TypeVar("_S")
+
+
+def replace(obj: _S, **changes: Any) -> _S:
+    """Return a copy of ``obj``, an instance of one of this module's frozen
+    dataclasses, with ``changes`` to its fields: ``dataclasses.replace``
+    (which it calls for a name that is not a field, to raise its
+    TypeError) without running ``__init__``, which sets every field through
+    ``object.__setattr__`` (the contracts' steps make many copies).  Values
+    an AbstractState keeps of its fields (``free_counts``, ...) are not copied."""
+    names = _FIELD_NAMES.get(type(obj))
+    if names is None:
+        names = _FIELD_NAMES[type(obj)] = frozenset(f.name for f in fields(obj))  # type: ignore[arg-type]
+    if not names.issuperset(changes):
+        return dataclasses.replace(obj, **changes)  # type: ignore[type-var]
+    copy = object.__new__(type(obj))
+    values = copy.__dict__
+    values.update(obj.__dict__)
+    values.update(changes)
+    for name in _DERIVED:
+        values.pop(name, None)
+    return copy
+
+
+_FIELD_NAMES: Dict[type, FrozenSet[str]] = {}
 
 
 #: The ``last_accessed`` of an id that was never marked accessed since it was
@@ -181,6 +222,11 @@ class AbstractState:
         return self.block_ids if isinstance(self.block_ids, range) else frozenset(self.block_ids)
 
 
+_DERIVED = tuple(name for name, value in vars(AbstractState).items()
+                 if isinstance(value, cached_property))
+"""The values an AbstractState computes from its fields once, when first read."""
+
+
 @dataclass(frozen=True)
 class PartialState(AbstractState):
     """An abstract state restricted to the elements one call touched: the
@@ -224,7 +270,7 @@ class PartialState(AbstractState):
 
     def scope_touched(self) -> Iterable[BlockId]:
         """The touched ids among those this state lists."""
-        return [i for i in self.touched if i in self.ids]
+        return self.touched & self.ids
 
     def narrowed(self, ids: AbstractSet[BlockId], keys: AbstractSet[ContentKey]) -> PartialState:
         """This state, listing only ``ids`` and ``keys`` of its elements as
@@ -239,13 +285,19 @@ class PartialState(AbstractState):
         the same elements), with the keys those ids hold and the ids those
         keys name, before and after: the elements whose invariants a change
         from ``old`` to this state can break."""
-        entries = {e.block_id: e for e in self.evictor}
-        old_entries = {e.block_id: e for e in old.evictor}
-        ids = {i for i in self.ids
-               if self.blocks.get(i) != old.blocks.get(i) or entries.get(i) != old_entries.get(i)
-               or (i in self.touched) != (i in old.touched)
-               or self.free_counts.get(i) != old.free_counts.get(i)}
-        keys = {k for k in self.keys if self.cached.get(k) != old.cached.get(k)}
+        ids: Set[BlockId] = set()   # each part compared at its ids only where it differs
+        if self.blocks != old.blocks:
+            ids.update(i for i in self.ids if self.blocks.get(i) != old.blocks.get(i))
+        if self.evictor != old.evictor:
+            entries = {e.block_id: e for e in self.evictor}
+            old_entries = {e.block_id: e for e in old.evictor}
+            ids.update(i for i in self.ids if entries.get(i) != old_entries.get(i))
+        if self.touched != old.touched:
+            ids.update(i for i in self.ids if (i in self.touched) != (i in old.touched))
+        if self.free != old.free:
+            ids.update(i for i in self.ids if self.free_counts.get(i) != old.free_counts.get(i))
+        keys: Set[ContentKey] = set() if self.cached == old.cached else {
+            k for k in self.keys if self.cached.get(k) != old.cached.get(k)}
         for i in list(ids):
             keys.update(b.content for b in (self.blocks.get(i), old.blocks.get(i))
                         if b is not None and b.content is not None)
