@@ -613,10 +613,15 @@ def _any_live(m: Machine) -> bool:
     return bool(m.seqs)
 
 
-def _promote_naive(m: Machine, data: st.DataObject) -> bool:
-    _, name = _draw(data, _live(m), "block")
-    m.run("promote_to_immutable_block", block=name)
-    return True
+def _on_live(op: str, args: Callable[[str], Dict[str, Any]]) -> Provoke:
+    """The wrong call on a live block, with the arguments ``args`` gives for its name."""
+
+    def provoke(m: Machine, data: st.DataObject) -> bool:
+        _, name = _draw(data, _live(m), "block")
+        m.run(op, **args(name))
+        return True
+
+    return provoke
 
 
 # -- ids: marks, queries, free_block_id -------------------------------------------------
@@ -676,18 +681,6 @@ def _over_release(m: Machine, data: st.DataObject) -> bool:
         m.run("swap", blocks=[name, other], src_device=device, dst_device=dst, tamper=tamper)
     else:
         m.run("swap_out", blocks=[name, other], tamper=tamper)
-    return True
-
-
-def _swap_out_repeated(m: Machine, data: st.DataObject) -> bool:
-    _, name = _draw(data, _live(m), "block")
-    m.run("swap_out", blocks=[name, name])
-    return True
-
-
-def _swap_in_attached(m: Machine, data: st.DataObject) -> bool:
-    _, name = _draw(data, _live(m), "block")
-    m.run("swap_in", blocks=[name])
     return True
 
 
@@ -776,15 +769,6 @@ def _null_then(op: str) -> Provoke:
     return provoke
 
 
-def _free_tampered(as_id: Any) -> Provoke:
-    def provoke(m: Machine, data: st.DataObject) -> bool:
-        _, name = _draw(data, _live(m), "block")
-        m.run("free", block=name, tamper={name: as_id})
-        return True
-
-    return provoke
-
-
 # -- constructors and components ------------------------------------------------------
 
 def _construct(choices: List[Dict[str, Any]], op: str = "__init__") -> Provoker:
@@ -842,8 +826,9 @@ PROVOKERS: Dict[str, Provoker] = {
     **_alloc_rows("allocate_mutable_block"),
     **_alloc_rows("allocate_immutable_block"),
     **_alloc_rows("allocate_immutable_blocks"),
-    "free:pair-detached": Provoker(_any_live, _free_tampered(None)),
-    "free:pair-unknown-id": Provoker(_any_live, _free_tampered(UNKNOWN_ID)),
+    **{f"free:pair-{tag}": Provoker(_any_live, _on_live(
+        "free", lambda n, as_id=as_id: {"block": n, "tamper": {n: as_id}}))
+       for tag, as_id in (("detached", None), ("unknown-id", UNKNOWN_ID))},
     "free_block_id:unknown-id": Provoker(_always, lambda m, d: bool(
         m.run("free_block_id", block_id=UNKNOWN_ID))),
     "free_block_id:double-free": Provoker(lambda m: bool(_free_ids(m)), lambda m, d: bool(
@@ -865,7 +850,8 @@ PROVOKERS: Dict[str, Provoker] = {
         _always, _on_open("promote_to_immutable_block", lambda m, n, d: {})),
     "promote_to_immutable_block:immutable": Provoker(
         _always, _on_immutable("promote_to_immutable_block")),
-    "promote_to_immutable_block:naive": Provoker(_any_live, _promote_naive),
+    "promote_to_immutable_block:naive": Provoker(_any_live, _on_live(
+        "promote_to_immutable_block", lambda n: {"block": n})),
     "mark_blocks_as_accessed:unknown-id": Provoker(
         _always, lambda m, d: _mark(m, [_draw(d, [UNKNOWN_ID, -1, "0"], "id")])),
     "mark_blocks_as_accessed:free-id": Provoker(
@@ -877,8 +863,8 @@ PROVOKERS: Dict[str, Provoker] = {
     "get_num_free_blocks:device": Provoker(_always, lambda m, d: bool(
         m.run("get_num_free_blocks", device="GPU"))),
     "swap_out:over-release": Provoker(_always, _over_release),
-    "swap_out:repeated": Provoker(_any_live, _swap_out_repeated),
-    "swap_in:attached": Provoker(_any_live, _swap_in_attached),
+    "swap_out:repeated": Provoker(_any_live, _on_live("swap_out", lambda n: {"blocks": [n, n]})),
+    "swap_in:attached": Provoker(_any_live, _on_live("swap_in", lambda n: {"blocks": [n]})),
     "swap_in:repeated": Provoker(_always, _swap_in_repeated),
     "swap_in:no-free": Provoker(_always, _swap_in_no_free),
     "swap_in:wrong-type": Provoker(_always, lambda m, d: bool(
