@@ -238,10 +238,7 @@ def row(key: str) -> ErrorCase:
 
 def operations() -> List[str]:
     """Return every operation the table names, in table order, once each."""
-    seen: Dict[str, None] = {}
-    for row in ERROR_TABLE:
-        seen.setdefault(row.operation, None)
-    return list(seen)
+    return list(dict.fromkeys(row.operation for row in ERROR_TABLE))
 
 
 __all__ = [
