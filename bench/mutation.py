@@ -162,8 +162,6 @@ def mark_equivalents(equivalents: List[Equivalent], only_unchecked: bool = False
     """Mark every mutant that bench/MUTATION.md lists (with ``only_unchecked``:
     and that has no result yet) as skipped, so mutmut leaves it alone; returns
     how many."""
-    from mutmut.mutation.diff_apply import get_diff_for_mutant
-
     functions = {function_of(e.name) for e in equivalents}
     patterns = [e.name for e in equivalents if "*" in e.name]
     marked = 0
@@ -177,8 +175,7 @@ def mark_equivalents(equivalents: List[Equivalent], only_unchecked: bool = False
             if function_of(name) not in functions and not any(
                     fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
                 continue
-            diff = "\n".join(get_diff_for_mutant(name, path=source).splitlines()[2:])
-            if equivalent_of(name, diff, equivalents) is not None:
+            if equivalent_of(name, diff_of(Mutant(name, "", source)), equivalents) is not None:
                 codes[name] = SKIPPED
                 marked += 1
         meta.write_text(json.dumps(data, indent=4))
