@@ -695,7 +695,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.render_only:
         kept = Path(args.render_only)
-        docs = {path.stem: json.loads(path.read_text()) for path in kept.glob("*.json")}
+        docs: Dict[str, Any] = {path.stem: json.loads(path.read_text())
+                                for path in kept.glob("*.json")}
         if "impl_vs_vllm" not in docs:
             print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
             return 1
@@ -708,7 +709,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
         if args.quick else []
     counted_quick = ["--requests", "40"] if args.quick else []  # the instruction counts' workload
-    docs: Dict[str, Any] = {}
+    docs = {}
     with tempfile.TemporaryDirectory() as scratch:
         out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
         out_dir.mkdir(parents=True, exist_ok=True)

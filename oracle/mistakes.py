@@ -826,9 +826,10 @@ PROVOKERS: Dict[str, Provoker] = {
     **_alloc_rows("allocate_mutable_block"),
     **_alloc_rows("allocate_immutable_block"),
     **_alloc_rows("allocate_immutable_blocks"),
-    **{f"free:pair-{tag}": Provoker(_any_live, _on_live(
-        "free", lambda n, as_id=as_id: {"block": n, "tamper": {n: as_id}}))
-       for tag, as_id in (("detached", None), ("unknown-id", UNKNOWN_ID))},
+    "free:pair-detached": Provoker(_any_live, _on_live(
+        "free", lambda n: {"block": n, "tamper": {n: None}})),
+    "free:pair-unknown-id": Provoker(_any_live, _on_live(
+        "free", lambda n: {"block": n, "tamper": {n: UNKNOWN_ID}})),
     "free_block_id:unknown-id": Provoker(_always, lambda m, d: bool(
         m.run("free_block_id", block_id=UNKNOWN_ID))),
     "free_block_id:double-free": Provoker(lambda m: bool(_free_ids(m)), lambda m, d: bool(
