@@ -136,10 +136,8 @@ class Driver:
         self.model: Any
         if self.kind == "cpu_gpu":
             self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
-        elif self.kind == "naive":
-            self.model = Model(num_blocks, block_size, caching=False, **options)
         else:
-            self.model = Model(num_blocks, block_size, **options)
+            self.model = Model(num_blocks, block_size, caching=self.kind != "naive", **options)
         self._device = _device_enum(self.allocator)  # a mistake passes one to one device
         self.blocks: Dict[str, Any] = {}
         self.handles: Dict[str, Any] = {}
@@ -262,12 +260,9 @@ class Driver:
             if self.kind == "cpu_gpu":
                 block = other.allocate_mutable_block(None, self.device("GPU"))
                 handle = DeviceModel(1, 1, size).allocate_mutable_block(None, "GPU")
-            elif self.kind == "naive":
-                block = other.allocate_mutable_block(None)
-                handle = Model(1, size, caching=False).allocate_mutable_block(None)
             else:
                 block = other.allocate_mutable_block(None)
-                handle = Model(1, size).allocate_mutable_block(None)
+                handle = Model(1, size, caching=self.kind != "naive").allocate_mutable_block(None)
             self._foreign = (block, handle)
         return self._foreign[0] if side == "target" else self._foreign[1]
 
