@@ -281,11 +281,13 @@ def _write_stubs(layout_stubs: Mapping[str, str], into: Path) -> None:
 
 # -- pins, cache directory, locking ------------------------------------------------------
 
-def _pin(version: str) -> Pin:
-    pin = PINS.get(version)
+def _pin(version: str, pins: Mapping[str, Pin] = PINS, what: str = "") -> Pin:
+    """The pin of ``version`` in ``pins`` (v0's by default; ``what`` says of
+    what, in the error); VllmSourceError naming the pinned versions otherwise."""
+    pin = pins.get(version)
     if pin is None:
-        raise VllmSourceError(f"vLLM {version!r} is not pinned; pinned versions: "
-                              f"{', '.join(sorted(PINS))}")
+        raise VllmSourceError(f"vLLM {version!r} is not pinned{what}; pinned versions: "
+                              f"{', '.join(sorted(pins))}")
     return pin
 
 

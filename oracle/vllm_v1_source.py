@@ -55,7 +55,7 @@ from .vllm_source import (
     Edits,
     Layout,
     Pin,
-    VllmSourceError,
+    _pin,
     load_pinned,
     pinned_source_tree,
     report_check,
@@ -206,11 +206,7 @@ V1_DEFAULT = "0.34.0"
 
 
 def _v1_pin(version: str) -> Pin:
-    pin = V1_PINS.get(version)
-    if pin is None:
-        raise VllmSourceError(f"vLLM {version!r} is not pinned for the v1 BlockPool; pinned "
-                              f"versions: {', '.join(sorted(V1_PINS))}")
-    return pin
+    return _pin(version, V1_PINS, " for the v1 BlockPool")
 
 
 def repr_sha256(value: Any) -> bytes:
