@@ -55,8 +55,8 @@ from .vllm_source import (
     Edits,
     Layout,
     Pin,
-    _pin,
     load_pinned,
+    pin_of,
     pinned_source_tree,
     report_check,
 )
@@ -206,7 +206,7 @@ V1_DEFAULT = "0.34.0"
 
 
 def _v1_pin(version: str) -> Pin:
-    return _pin(version, V1_PINS, " for the v1 BlockPool")
+    return pin_of(version, V1_PINS, " for the v1 BlockPool")
 
 
 def repr_sha256(value: Any) -> bytes:
