@@ -377,16 +377,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="only the mutants of these names or globs (with --resume: those "
                              "not killed yet)")
     parser.add_argument("--max-children", type=int, default=2, help="parallel workers (2)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep ./mutants/ and the results there (default: start afresh)")
-    parser.add_argument("--report", action="store_true",
-                        help="no run: report the results in ./mutants/")
-    parser.add_argument("--all", action="store_true",
-                        help="run the mutants listed as equivalent too (check they survive)")
-    parser.add_argument("--skeleton", action="store_true",
-                        help="print a bench/MUTATION.md entry for each survivor not listed")
-    parser.add_argument("--smoke", action="store_true",
-                        help=f"only the mutants {SMOKE_MUTANTS}, in a scratch copy (CI)")
+    for flag, text in (
+            ("--resume", "keep ./mutants/ and the results there (default: start afresh)"),
+            ("--report", "no run: report the results in ./mutants/"),
+            ("--all", "run the mutants listed as equivalent too (check they survive)"),
+            ("--skeleton", "print a bench/MUTATION.md entry for each survivor not listed"),
+            ("--smoke", f"only the mutants {SMOKE_MUTANTS}, in a scratch copy (CI)")):
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--min-score", type=float, default=0.95,
                         help="exit 1 below this share of killed mutants (0.95)")
     args = parser.parse_args(argv)
