@@ -146,7 +146,4 @@ def preset(name: str) -> Semantics:
 
 def option_named(name: str) -> Option:
     """The option called ``name`` (KeyError otherwise)."""
-    for option in OPTIONS:
-        if option.name == name:
-            return option
-    raise KeyError(name)
+    return {option.name: option for option in OPTIONS}[name]
