@@ -556,16 +556,16 @@ def _on_open(op: str, make: Callable[[Machine, str, st.DataObject], Dict[str, An
 BAD_TOKENS: List[Any] = [["x"], [True], [1.5], {0: 5}]
 
 
+def _write(m: Machine, op: str, name: str) -> bool:
+    """``op`` on the block ``name``: a one-token append, or the call on the block alone."""
+    m.run(op, block=name, **({"token_ids": [0]} if op == "append_token_ids" else {}))
+    return True
+
+
 def _shared_then_full(op: str) -> Provoke:
     def provoke(m: Machine, data: st.DataObject) -> bool:
         forked = _fork_partial(m, data)
-        if forked is None or not _fill(m, forked[1]):
-            return False
-        if op == "append_token_ids":
-            m.run(op, block=forked[0], token_ids=[0])
-        else:
-            m.run(op, block=forked[0])
-        return True
+        return forked is not None and _fill(m, forked[1]) and _write(m, op, forked[0])
 
     return provoke
 
@@ -600,11 +600,7 @@ def _on_immutable(op: str, fork_first: bool = False) -> Provoke:
             if not m.ok():
                 return False
             name = _new_seq(m, step, seq).names[-1]
-        if op == "append_token_ids":
-            m.run(op, block=name, token_ids=[0])
-        else:
-            m.run(op, block=name)
-        return True
+        return _write(m, op, name)
 
     return provoke
 
