@@ -757,10 +757,8 @@ def _null_then(op: str) -> Provoke:
         if not m.ok():
             return False
         if op == "fork":
-            m.run("fork", last_block=step.out[0])
-        else:
-            m.run("append_token_ids", block=step.out[0], token_ids=[0])
-        return True
+            return bool(m.run("fork", last_block=step.out[0]))
+        return _write(m, op, step.out[0])
 
     return provoke
 
