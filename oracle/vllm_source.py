@@ -40,8 +40,7 @@ Files, below the cache directory (:func:`cache_dir`)::
 
 ``<edits>`` is ``unedited`` or 16 hex digits of the edits' SHA-256; each
 directory carries a stamp of what it was built from and is rebuilt when the
-stamp differs.  A ``src/`` directory there, if any, is the former
-bench/vllm_reference.py's extraction; nothing here reads it.
+stamp differs.
 
 Environment:
 
