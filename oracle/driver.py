@@ -569,6 +569,7 @@ class Driver:
 
     def _compare_after(self, step: Step, *, unchanged: bool) -> None:
         what = "after a refused call" if unchanged else "after the call"
+        category = "robustness" if unchanged else "conformance"
         live = self.live_names()
         for name in live:
             t_id = getattr(self.blocks[name], "block_id", None)
@@ -589,19 +590,16 @@ class Driver:
                     raise self._fail("integrity", f"{step.op}: block {name} holds content "
                                      f"{key!r} but the target gave it id {t_id}, which "
                                      f"holds {held!r}", "other-content")
-                category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name} has id {t_id} "
                                  f"in the target, {m_id} in the spec", "block-id")
         for name in live:  # the flag a cache hit sets on the Block object
             computed = _computed_flag(self.blocks[name])
             if computed is not _ABSENT and computed is not self.handles[name].computed:
-                category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name}.computed is "
                                  f"{computed!r} in the target, {self.handles[name].computed} "
                                  f"in the spec", "block-computed")
         for label, (t_free, m_free) in self._free_counts().items():
             if t_free != m_free:
-                category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks"
                                  f"({label}) is {t_free} in the target, {m_free} in the spec",
                                  "free-count")
