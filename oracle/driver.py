@@ -610,11 +610,9 @@ class Driver:
 
     def _free_counts(self) -> Dict[str, Tuple[int, int]]:
         # a recording answers with the count it recorded, without a step
-        count = getattr(type(self.allocator), "recorded_free_count", None)
-        if count is not None:
-            count = self.allocator.recorded_free_count
-        else:
-            count = self.allocator.get_num_free_blocks
+        recorded = getattr(type(self.allocator), "recorded_free_count", None) is not None
+        count = self.allocator.recorded_free_count if recorded \
+            else self.allocator.get_num_free_blocks
         if self.kind == "cpu_gpu":
             return {d: (count(self.device(d)), self.model.get_num_free_blocks(d))
                     for d in ("GPU", "CPU")}
