@@ -181,9 +181,7 @@ def render_operations() -> str:
     steps = (contracts.next_id, contracts.in_use, contracts.is_mutable, contracts.take,
              contracts.release, contracts.share, contracts.promote, contracts.query,
              contracts.lookup, contracts.copy_on_write, contracts.demand, contracts.agrees)
-    for step in steps:
-        out += [f"- **`{step.__name__}`**: {one_line(step.__doc__ or '')}"]
-    out.append("")
+    out += [f"- **`{step.__name__}`**: {one_line(step.__doc__ or '')}" for step in steps] + [""]
     listed = set()
     for op in operations():
         p, q = pre.get(op), post.get(op)
@@ -201,7 +199,7 @@ def render_operations() -> str:
             if fn is not None:
                 out.append("- **Naive allocator.** " + _text(fn))
         out.append("")
-    shared = [fn for name, fn in {**_functions("pre_"), **_functions("post_")}.items()
+    shared = [fn for name, fn in {**pre, **post}.items()
               if name.startswith("naive_") and name not in listed]
     if shared:
         out += ["### The allocator without a cache, elsewhere", ""]
