@@ -42,10 +42,12 @@ A benchmark is not a test: nothing here asserts a timing.  Exit code 0,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -207,10 +209,7 @@ def paired_ratio(first: Sequence[float], second: Sequence[float]) -> Optional[fl
     of the machine's speed cancels out of each ratio, which it does not from
     the ratio of the two bests.  None without a complete round."""
     ratios = round_ratios(first, second)
-    if not ratios:
-        return None
-    middle = len(ratios) // 2
-    return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return statistics.median(ratios) if ratios else None
 
 
 def spread_text(ratios: Sequence[float]) -> str:
@@ -572,7 +571,7 @@ def run(args: argparse.Namespace) -> int:
     rows: List[ScalingRow] = []
     against_rows: List[ScalingRow] = []
     started = time.time()
-    with status if console.is_terminal else _nothing():
+    with status if console.is_terminal else contextlib.nullcontext():
         for name, config in configs:
             if progress is not None:
                 progress(f"{name}: planning the workload")
@@ -623,14 +622,6 @@ def run(args: argparse.Namespace) -> int:
                  for report in reports for r in report.results[:1])
     failed = failed or any(row.error for row in rows + against_rows)
     return 1 if failed else 0
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def main(argv: Optional[List[str]] = None) -> int:

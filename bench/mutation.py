@@ -162,8 +162,6 @@ def mark_equivalents(equivalents: List[Equivalent], only_unchecked: bool = False
     """Mark every mutant that bench/MUTATION.md lists (with ``only_unchecked``:
     and that has no result yet) as skipped, so mutmut leaves it alone; returns
     how many."""
-    from mutmut.mutation.diff_apply import get_diff_for_mutant
-
     functions = {function_of(e.name) for e in equivalents}
     patterns = [e.name for e in equivalents if "*" in e.name]
     marked = 0
@@ -177,8 +175,7 @@ def mark_equivalents(equivalents: List[Equivalent], only_unchecked: bool = False
             if function_of(name) not in functions and not any(
                     fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
                 continue
-            diff = "\n".join(get_diff_for_mutant(name, path=source).splitlines()[2:])
-            if equivalent_of(name, diff, equivalents) is not None:
+            if equivalent_of(name, diff_of(Mutant(name, "", source)), equivalents) is not None:
                 codes[name] = SKIPPED
                 marked += 1
         meta.write_text(json.dumps(data, indent=4))
@@ -380,16 +377,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="only the mutants of these names or globs (with --resume: those "
                              "not killed yet)")
     parser.add_argument("--max-children", type=int, default=2, help="parallel workers (2)")
-    parser.add_argument("--resume", action="store_true",
-                        help="keep ./mutants/ and the results there (default: start afresh)")
-    parser.add_argument("--report", action="store_true",
-                        help="no run: report the results in ./mutants/")
-    parser.add_argument("--all", action="store_true",
-                        help="run the mutants listed as equivalent too (check they survive)")
-    parser.add_argument("--skeleton", action="store_true",
-                        help="print a bench/MUTATION.md entry for each survivor not listed")
-    parser.add_argument("--smoke", action="store_true",
-                        help=f"only the mutants {SMOKE_MUTANTS}, in a scratch copy (CI)")
+    for flag, text in (
+            ("--resume", "keep ./mutants/ and the results there (default: start afresh)"),
+            ("--report", "no run: report the results in ./mutants/"),
+            ("--all", "run the mutants listed as equivalent too (check they survive)"),
+            ("--skeleton", "print a bench/MUTATION.md entry for each survivor not listed"),
+            ("--smoke", f"only the mutants {SMOKE_MUTANTS}, in a scratch copy (CI)")):
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--min-score", type=float, default=0.95,
                         help="exit 1 below this share of killed mutants (0.95)")
     args = parser.parse_args(argv)

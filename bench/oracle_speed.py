@@ -109,10 +109,8 @@ class Profile:
 
 def part_of(filename: str) -> str:
     """The part of the system a profiled function's file belongs to."""
-    for label, fragment in PARTS:
-        if fragment in filename:
-            return label
-    return "python and the rest"
+    return next((label for label, fragment in PARTS if fragment in filename),
+                "python and the rest")
 
 
 def fuzz_argv(key: str, seconds: float, seed: int) -> List[str]:

@@ -84,33 +84,19 @@ def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[st
     return document
 
 
-def _count_instructions(args: List[str], json_path: Path) -> Optional[Dict[str, Any]]:
-    """Run bench/count_instructions.py with ``args``; its JSON, or None
-    without valgrind or when it failed."""
-    if shutil.which("valgrind") is None:
-        return None
-    print("$ python bench/count_instructions.py " + " ".join(args), flush=True)
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "count_instructions.py"),
-                           *args, "--json", str(json_path)], cwd=ROOT)
-    if proc.returncode != 0 or not json_path.is_file():
-        return None
-    counted: Dict[str, Any] = json.loads(json_path.read_text())
-    return counted
-
-
-def _oracle_speed(seconds: float, json_path: Path) -> Optional[Dict[str, Any]]:
-    """Run bench/oracle_speed.py (both targets, profiles included) with a
-    budget of ``seconds`` per campaign; its JSON, or None when it failed."""
-    shown = f"python bench/oracle_speed.py --seconds {seconds:g}"
+def _script(name: str, args: Sequence[str], json_path: Path) -> Optional[Dict[str, Any]]:
+    """Run bench/<name>.py with ``args``; its JSON, with the command shown
+    (kept for --render-only), or None when it failed."""
+    shown = f"python bench/{name}.py " + " ".join(args)
     print("$ " + shown, flush=True)
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "oracle_speed.py"),
-                           "--seconds", f"{seconds:g}", "--json", str(json_path)], cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args,
+                           "--json", str(json_path)], cwd=ROOT)
     if proc.returncode != 0 or not json_path.is_file():
         return None
-    speed: Dict[str, Any] = json.loads(json_path.read_text())
-    speed["shown_command"] = shown
-    json_path.write_text(json.dumps(speed, indent=2) + "\n")  # for --render-only
-    return speed
+    document: Dict[str, Any] = json.loads(json_path.read_text())
+    document["shown_command"] = shown.rstrip()
+    json_path.write_text(json.dumps(document, indent=2) + "\n")
+    return document
 
 
 def _shown(args: Sequence[str], env: Dict[str, str]) -> str:
@@ -592,20 +578,16 @@ def _written_at(kept: Path) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)
 
 
-def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dict[str, Any]],
-           quick: bool, counted: Optional[Dict[str, Any]] = None,
-           verify: Optional[Dict[str, Any]] = None,
-           construction: Optional[List[Dict[str, Any]]] = None,
-           driver: Optional[Dict[str, Any]] = None,
-           recorded: Optional[datetime.datetime] = None,
-           counted_off: Optional[Dict[str, Any]] = None,
-           access: Optional[Dict[str, Any]] = None,
-           oracle: Optional[Dict[str, Any]] = None, short: bool = False,
-           checked: Optional[Dict[str, Any]] = None,
-           wrapper: Optional[Dict[str, float]] = None) -> str:
-    """The text of RESULTS.md, for a run made at ``recorded`` (now by default);
-    ``short``: a ``--short`` run, which left out the sections after the
-    oracle's speed."""
+def render(docs: Dict[str, Any], quick: bool, short: bool = False,
+           recorded: Optional[datetime.datetime] = None) -> str:
+    """The text of RESULTS.md from a run's documents, each by the name of the
+    file a run keeps it in (``impl_vs_vllm``, ``contracts_off``, ...; one
+    missing was not measured), for a run made at ``recorded`` (now by
+    default); ``short``: a ``--short`` run, which left out the sections after
+    the checked mode."""
+    main, access, checked = docs["impl_vs_vllm"], docs.get("access_heavy_vs_vllm"), \
+        docs.get("checked")
+    off, on = docs.get("contracts_off"), docs.get("contracts_on")
     recorded = recorded or datetime.datetime.now(datetime.timezone.utc)
     now = recorded.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -651,27 +633,23 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
                   "blocks accessed at every scheduler step.", "",
                   "```", access["shown_command"], "```", ""]
         lines += _pool_section(access, ["prefixcache.impl", "vLLM 0.8.5"], compare_p50=True)
-    lines += _oracle_section(oracle)
+    lines += _oracle_section(docs.get("oracle_speed"))
+    if not short:
+        lines += ["## Instructions (independent of the machine's load)", ""]
+        lines += _instructions_section(docs.get("instructions"))
+        lines += _driver_section(docs.get("driver"))
+    if main.get("scaling"):
+        lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
+                  "```", main["shown_command"], "```", ""]
+        lines += _scaling_section(main)
+    lines += _checked_section(checked, docs.get("wrapper"))
     if short:
-        if main.get("scaling"):
-            lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
-                      "```", main["shown_command"], "```", ""]
-            lines += _scaling_section(main)
-        lines += _checked_section(checked, wrapper)
         lines += ["## Not run in this recording", "",
                   "`--short` runs the two workloads against vLLM (and the flat-cost table), "
                   "the oracle's speed and the checked mode only: the instruction counts, the "
                   "driver's share, the contracts off and in full mode, verify_content and "
                   "construction were not measured.", ""]
         return "\n".join(lines)
-    lines += ["## Instructions (independent of the machine's load)", ""]
-    lines += _instructions_section(counted)
-    lines += _driver_section(driver)
-    if main.get("scaling"):
-        lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
-                  "```", main["shown_command"], "```", ""]
-        lines += _scaling_section(main)
-    lines += _checked_section(checked, wrapper)
     lines += ["## Contracts", ""]
     if off is None and on is None:
         lines += ["prefixcache.spec.checked was not importable: not measured.", ""]
@@ -692,9 +670,9 @@ def render(main: Dict[str, Any], off: Optional[Dict[str, Any]], on: Optional[Dic
         if ratio_on and ratio_off:
             lines += [f"Cost of the checked allocator relative to the plain one: contracts off "
                       f"**{1 / ratio_off:.3f}x**, full mode **{1 / ratio_on:,.0f}x**.", ""]
-    lines += _contracts_off_instructions(counted_off)
-    lines += _verify_section(verify)
-    lines += _construction_section(construction)
+    lines += _contracts_off_instructions(docs.get("instructions_contracts_off"))
+    lines += _verify_section(docs.get("verify_content"))
+    lines += _construction_section((docs.get("construction") or {}).get("rows"))
     return "\n".join(lines)
 
 
@@ -717,100 +695,77 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.render_only:
         kept = Path(args.render_only)
-
-        def load(name: str) -> Optional[Dict[str, Any]]:
-            path = kept / name
-            return json.loads(path.read_text()) if path.is_file() else None
-
-        main_kept = load("impl_vs_vllm.json")
-        if main_kept is None:
+        docs: Dict[str, Any] = {path.stem: json.loads(path.read_text())
+                                for path in kept.glob("*.json")}
+        if "impl_vs_vllm" not in docs:
             print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
             return 1
-        construction_kept = load("construction.json")
-        run_kept = load("run.json") or {}
-        Path(args.out).write_text(render(main_kept, load("contracts_off.json"),
-                                         load("contracts_on.json"),
-                                         run_kept.get("quick", args.quick),
-                                         load("instructions.json"), load("verify_content.json"),
-                                         construction_kept["rows"] if construction_kept
-                                         else None, load("driver.json"),
-                                         _written_at(kept),
-                                         load("instructions_contracts_off.json"),
-                                         load("access_heavy_vs_vllm.json"),
-                                         load("oracle_speed.json"),
+        run_kept = docs.get("run") or {}
+        Path(args.out).write_text(render(docs, run_kept.get("quick", args.quick),
                                          run_kept.get("short", args.short),
-                                         load("checked.json"), load("wrapper.json")) + "\n")
+                                         _written_at(kept)) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
         if args.quick else []
     counted_quick = ["--requests", "40"] if args.quick else []  # the instruction counts' workload
+    docs = {}
     with tempfile.TemporaryDirectory() as scratch:
         out_dir = Path(args.keep_json) if args.keep_json else Path(scratch)
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "run.json").write_text(json.dumps({"quick": args.quick,
-                                                      "short": args.short}) + "\n")
-        main_run = _bench(["--against", "vllm", "--scaling", "--repeats", "7", "--clock", "cpu",
-                           *quick], out_dir / "impl_vs_vllm.json", {})
-        access = _bench(["--workload", "access-heavy", "--against", "vllm", "--repeats", "7",
-                         "--clock", "cpu", *quick], out_dir / "access_heavy_vs_vllm.json", {})
+
+        def bench(name: str, bench_args: List[str], env: Optional[Dict[str, str]] = None) -> None:
+            docs[name] = _bench(bench_args, out_dir / f"{name}.json", env or {})
+
+        def script(name: str, script_args: List[str], kept_as: str = "") -> None:
+            docs[kept_as or name] = _script(name, script_args, out_dir / f"{kept_as or name}.json")
+
+        def keep(name: str, document: Any) -> None:
+            docs[name] = document
+            (out_dir / f"{name}.json").write_text(json.dumps(document) + "\n")
+
+        keep("run", {"quick": args.quick, "short": args.short})
+        bench("impl_vs_vllm", ["--against", "vllm", "--scaling", "--repeats", "7", "--clock",
+                               "cpu", *quick])
+        bench("access_heavy_vs_vllm", ["--workload", "access-heavy", "--against", "vllm",
+                                       "--repeats", "7", "--clock", "cpu", *quick])
         seconds = args.oracle_seconds or (3.0 if args.quick else 30.0)
-        oracle = _oracle_speed(seconds, out_dir / "oracle_speed.json")
-        checked = wrapper = None
+        script("oracle_speed", ["--seconds", f"{seconds:g}"])
         if _checked_available():
             pools = "1000,10000" if args.quick else "1000,10000,100000,1000000"
-            checked = _bench(["--target", CHECKED, "--against", PLAIN, "--requests",
+            bench("checked", ["--target", CHECKED, "--against", PLAIN, "--requests",
                               "10" if args.quick else "40", "--tight-blocks", "0",
-                              "--repeats", "1", "--no-latency",
-                              "--clock", "cpu", "--scaling", "--scaling-against",
-                              "--scaling-sizes", pools],
-                             out_dir / "checked.json",
-                             {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "incremental"})
+                              "--repeats", "1", "--no-latency", "--clock", "cpu", "--scaling",
+                              "--scaling-against", "--scaling-sizes", pools],
+                  {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "incremental"})
             wrapper = _wrapper_cost()
             if wrapper is not None:
-                (out_dir / "wrapper.json").write_text(json.dumps(wrapper) + "\n")
-        if args.short:
-            Path(args.out).write_text(render(main_run, None, None, args.quick, access=access,
-                                             oracle=oracle, short=True, checked=checked,
-                                             wrapper=wrapper) + "\n")
-            print(f"wrote {args.out}")
-            return 1 if any(doc is not None and doc["exit_code"] != 0
-                            for doc in (main_run, access, checked)) or oracle is None else 0
-        counted = _count_instructions(counted_quick, out_dir / "instructions.json")
-        driver_path = out_dir / "driver.json"
-        small = ["--repeats", "1"] if args.quick else []
-        print("$ python bench/driver_cost.py " + " ".join(small), flush=True)
-        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "driver_cost.py"), *small,
-                               "--json", str(driver_path)], cwd=ROOT)
-        driver = (json.loads(driver_path.read_text())
-                  if proc.returncode == 0 and driver_path.is_file() else None)
-        off = on = counted_off = None
-        if _checked_available():
-            off = _bench(["--target", CHECKED, "--against", PLAIN, "--tight-blocks", "0",
-                          "--repeats", "7", "--no-latency", "--clock", "cpu", *quick],
-                         out_dir / "contracts_off.json", {"PREFIXCACHE_CONTRACTS": "0"})
-            small = ["--requests", "4" if args.quick else "10", "--blocks", "256",
-                     "--tight-blocks", "0", "--repeats", "1", "--no-latency", "--clock", "cpu"]
-            on = _bench(["--target", CHECKED, "--against", PLAIN, *small],
-                        out_dir / "contracts_on.json",
-                        {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "full"})
-            counted_off = _count_instructions(
-                ["--pair", "contracts-off", *counted_quick],
-                out_dir / "instructions_contracts_off.json")
-        verify = _bench(["--target", "verify-content", "--against", PLAIN, "--repeats", "5",
-                         "--no-latency", "--clock", "cpu", *quick],
-                        out_dir / "verify_content.json", {})
-        sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
-        construction = _construction(sizes)
-        (out_dir / "construction.json").write_text(json.dumps({"rows": construction}) + "\n")
-    Path(args.out).write_text(render(main_run, off, on, args.quick, counted, verify,
-                                     construction, driver, counted_off=counted_off,
-                                     access=access, oracle=oracle, checked=checked,
-                                     wrapper=wrapper) + "\n")
+                keep("wrapper", wrapper)
+        if not args.short:
+            valgrind = shutil.which("valgrind") is not None
+            if valgrind:
+                script("count_instructions", counted_quick, "instructions")
+            script("driver_cost", ["--repeats", "1"] if args.quick else [], "driver")
+            if _checked_available():
+                bench("contracts_off", ["--target", CHECKED, "--against", PLAIN,
+                                        "--tight-blocks", "0", "--repeats", "7", "--no-latency",
+                                        "--clock", "cpu", *quick], {"PREFIXCACHE_CONTRACTS": "0"})
+                bench("contracts_on", [
+                    "--target", CHECKED, "--against", PLAIN, "--requests",
+                    "4" if args.quick else "10", "--blocks", "256", "--tight-blocks", "0",
+                    "--repeats", "1", "--no-latency", "--clock", "cpu"],
+                    {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "full"})
+                if valgrind:
+                    script("count_instructions", ["--pair", "contracts-off", *counted_quick],
+                           "instructions_contracts_off")
+            bench("verify_content", ["--target", "verify-content", "--against", PLAIN,
+                                     "--repeats", "5", "--no-latency", "--clock", "cpu", *quick])
+            sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
+            keep("construction", {"rows": _construction(sizes)})
+    Path(args.out).write_text(render(docs, args.quick, args.short) + "\n")
     print(f"wrote {args.out}")
-    failed = any(doc is not None and doc["exit_code"] != 0
-                 for doc in (main_run, access, off, on, verify, checked))
-    return 1 if failed or oracle is None else 0
+    failed = any(doc is not None and doc.get("exit_code", 0) != 0 for doc in docs.values())
+    return 1 if failed or docs["oracle_speed"] is None else 0
 
 
 if __name__ == "__main__":

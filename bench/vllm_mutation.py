@@ -63,8 +63,8 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -219,14 +219,14 @@ def mutants_of(path: str, text: str) -> List[VllmMutant]:
         return found
 
     prefix = "vllm." + path[:-len(".py")].replace("/", ".")
-    counts: Dict[str, int] = {}
+    counts: Counter[str] = Counter()
     found = []
     for m in mutations:
         original = m.contained_by_top_level_function
         function = owners.get(original)
         if original is None or function is None:  # outside functions: mutmut makes no mutant
             continue
-        counts[function] = counts.get(function, 0) + 1
+        counts[function] += 1
         changed = deep_replace(original, m.original_node, m.mutated_node)
         old, new = edit(original, changed)
         found.append(VllmMutant(name=f"{prefix}.{function}__mutmut_{counts[function]}",
@@ -435,7 +435,6 @@ def run_campaign(chosen: Sequence[VllmMutant], data: Dict[str, Any], repairs: vl
     print(f"{len(todo)} mutants to judge, {len(again)} to judge again by the oracle, "
           f"{len(chosen) - len(todo) - len(again)} done or set aside; {jobs} at a time",
           flush=True)
-    lock = threading.Lock()
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(judge, m, repairs, settings, test_timeout,
@@ -444,9 +443,8 @@ def run_campaign(chosen: Sequence[VllmMutant], data: Dict[str, Any], repairs: vl
         for count, future in enumerate(as_completed(futures), 1):
             m = futures[future]
             entry = future.result()
-            with lock:
-                data["mutants"][m.name] = entry
-                save_results(results, data)
+            data["mutants"][m.name] = entry  # in this thread only: no lock
+            save_results(results, data)
             print(f"[{time.monotonic() - start:6.0f} s] {count}/{len(futures)} {m.name}: "
                   f"oracle {entry['oracle']['status']}, tests {entry['tests']['status']}",
                   flush=True)
@@ -496,9 +494,7 @@ def _session(session: Mapping[str, Any]) -> str:
 
 
 def _counts(mutants: Mapping[str, Mapping[str, Any]], judge: str) -> str:
-    found: Dict[str, int] = {}
-    for m in mutants.values():
-        found[m[judge]["status"]] = found.get(m[judge]["status"], 0) + 1
+    found = Counter(m[judge]["status"] for m in mutants.values())
     return ", ".join(f"{status} {count}" for status, count in sorted(found.items()))
 
 
@@ -566,8 +562,8 @@ def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
 
     only_oracle = sorted(oracle - tests)
     oracle_rows = ["| mutant | the oracle's finding | vLLM's tests |", "|---|---|---|"]
-    for k in only_oracle:
-        oracle_rows.append(f"| `{_short(k)}` | `{judged[k]['oracle']['detail']}` | survived |")
+    oracle_rows += [f"| `{_short(k)}` | `{judged[k]['oracle']['detail']}` | survived |"
+                    for k in only_oracle]
     stale = [e.name for e in equivalents if not any(v is e for v in listed.values())]
     killed_listed = [k for k in listed if mutants[k]["oracle"]["status"] != "survived"
                      or mutants[k]["tests"]["status"] != "survived"]

@@ -22,6 +22,44 @@ from .interfaces import Block, BlockAllocator, BlockId
 RefCount = int
 
 
+class BlockFields(Block):
+    """The Block properties both Block classes read off the same slots."""
+
+    __slots__ = ("_prev_block", "_token_ids", "_block_size", "_block_id")
+    _prev_block: Optional[Block]
+    _token_ids: List[int]
+    _block_size: int
+    _block_id: Optional[int]
+
+    @property
+    def block_id(self) -> Optional[int]:
+        return self._block_id
+
+    @block_id.setter
+    def block_id(self, value: Optional[int]) -> None:
+        self._block_id = value
+
+    @property
+    def is_full(self) -> bool:
+        return len(self._token_ids) == self._block_size
+
+    @property
+    def num_empty_slots(self) -> int:
+        return self._block_size - len(self._token_ids)
+
+    @property
+    def token_ids(self) -> List[int]:
+        return self._token_ids
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def prev_block(self) -> Optional[Block]:
+        return self._prev_block
+
+
 class RefCounter:
     """A reference count per physical id, all starting at 0.
 

@@ -13,6 +13,7 @@ from collections import deque
 from typing import Deque, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from .common import (
+    BlockFields,
     BlockPool,
     CopyOnWriteTracker,
     RefCounter,
@@ -351,12 +352,11 @@ class NaiveBlockAllocator(BlockAllocator):
                 rebind(self)
 
 
-class NaiveBlock(Block):
+class NaiveBlock(BlockFields):
     """A block without a content hash.  Appending to a shared block first
     moves it to a private id (copy-on-write through its allocator)."""
 
-    __slots__ = ("_prev_block", "_token_ids", "_block_size", "_allocator", "_block_id",
-                 "_cow_target", "pool_id")
+    __slots__ = ("_allocator", "_cow_target", "pool_id")
 
     def __init__(
         self,
@@ -406,36 +406,8 @@ class NaiveBlock(Block):
         raise NotImplementedError
 
     @property
-    def block_id(self) -> Optional[int]:
-        return self._block_id
-
-    @block_id.setter
-    def block_id(self, value: Optional[int]) -> None:
-        self._block_id = value
-
-    @property
-    def is_full(self) -> bool:
-        return len(self._token_ids) == self._block_size
-
-    @property
-    def num_empty_slots(self) -> int:
-        return self._block_size - len(self._token_ids)
-
-    @property
-    def token_ids(self) -> List[int]:
-        return self._token_ids
-
-    @property
     def num_tokens_total(self) -> int:
         raise NotImplementedError("num_tokens_total is not used for naive block")
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def prev_block(self) -> Optional[Block]:
-        return self._prev_block
 
     @property
     def extra_hash(self) -> Optional[int]:

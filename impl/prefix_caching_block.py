@@ -24,6 +24,7 @@ from itertools import repeat
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .common import (
+    BlockFields,
     BlockPool,
     CacheMetricData,
     CopyOnWriteTracker,
@@ -617,7 +618,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                 physical_block_id=block_id, extra_hash=extra_hash,
             )
         block: PrefixCachingBlock = self._pool_blocks[slots.popleft()]  # type: ignore[assignment]
-        block._prev_block = prev_block  # type: ignore[assignment]  # checked by the caller
+        block._prev_block = prev_block  # checked by the caller
         block._token_ids = list(token_ids)
         block._block_id = block_id
         block._extra_hash = extra_hash
@@ -1139,7 +1140,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         return True
 
 
-class PrefixCachingBlock(Block):
+class PrefixCachingBlock(BlockFields):
     """A block whose full content is keyed by a chained content hash.
 
     Whether a block has content is decided once, when it becomes full: it
@@ -1147,9 +1148,8 @@ class PrefixCachingBlock(Block):
     that filled after a non-full block never gets one (``_unhashable``).  The
     value itself is computed when first asked for, and kept."""
 
-    __slots__ = ("_prev_block", "_token_ids", "_block_size", "_allocator", "_block_id",
-                 "_extra_hash", "_computed", "_last_accessed", "_cached_content_hash",
-                 "_unhashable", "_num_tokens_total", "pool_id")
+    __slots__ = ("_allocator", "_extra_hash", "_computed", "_last_accessed",
+                 "_cached_content_hash", "_unhashable", "_num_tokens_total", "pool_id")
 
     _none_hash: int = NONE_HASH
 
@@ -1288,36 +1288,8 @@ class PrefixCachingBlock(Block):
         self._last_accessed = last_accessed_ts
 
     @property
-    def block_id(self) -> Optional[int]:
-        return self._block_id
-
-    @block_id.setter
-    def block_id(self, value: Optional[int]) -> None:
-        self._block_id = value
-
-    @property
-    def is_full(self) -> bool:
-        return len(self._token_ids) == self._block_size
-
-    @property
-    def num_empty_slots(self) -> int:
-        return self._block_size - len(self._token_ids)
-
-    @property
     def num_tokens_total(self) -> int:
         return self._num_tokens_total
-
-    @property
-    def block_size(self) -> int:
-        return self._block_size
-
-    @property
-    def token_ids(self) -> List[int]:
-        return self._token_ids
-
-    @property
-    def prev_block(self) -> Optional[Block]:
-        return self._prev_block
 
     @property
     def extra_hash(self) -> Optional[int]:

@@ -245,11 +245,11 @@ def search_with(args: argparse.Namespace, worker: int = 0,
     return search(target, budget, options, known=known, progress=progress)
 
 
-def _describe(outcome: Outcome, elapsed: float, workers: int = 1) -> str:
-    steps = outcome.stats.steps
+def _describe(steps: int, examples: int, findings: int, elapsed: float,
+              workers: int = 1) -> str:
     who = f"{workers} workers: " if workers > 1 else ""
     return (f"{who}{steps} steps, {steps / max(elapsed, 1e-9):.0f} steps/s, "
-            f"{outcome.stats.examples} examples, {len(outcome.findings)} findings")
+            f"{examples} examples, {findings} findings")
 
 
 def _run_single(args: argparse.Namespace) -> Outcome:
@@ -262,7 +262,8 @@ def _run_single(args: argparse.Namespace) -> Outcome:
         def progress(outcome: Outcome) -> None:
             elapsed = time.monotonic() - start
             bar.update(task, completed=min(elapsed, args.seconds or elapsed),
-                       description=_describe(outcome, elapsed))
+                       description=_describe(outcome.stats.steps, outcome.stats.examples,
+                                             len(outcome.findings), elapsed))
 
         return search_with(args, int(os.environ.get("PREFIXCACHE_WORKER", "0")), progress)
 
@@ -300,9 +301,7 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
                 elapsed = time.monotonic() - start
                 steps, examples, found = (sum(v[k] for v in seen.values()) for k in range(3))
                 bar.update(task, completed=min(elapsed, args.seconds or elapsed),
-                           description=f"{args.workers} workers: {steps} steps, "
-                           f"{steps / max(elapsed, 1e-9):.0f} steps/s, {examples} examples, "
-                           f"{found} findings")
+                           description=_describe(steps, examples, found, elapsed, args.workers))
             elif kind == "done":
                 total.merge(payload[0])
                 pending.discard(worker)

@@ -136,10 +136,8 @@ class Driver:
         self.model: Any
         if self.kind == "cpu_gpu":
             self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
-        elif self.kind == "naive":
-            self.model = Model(num_blocks, block_size, caching=False, **options)
         else:
-            self.model = Model(num_blocks, block_size, **options)
+            self.model = Model(num_blocks, block_size, caching=self.kind != "naive", **options)
         self._device = _device_enum(self.allocator)  # a mistake passes one to one device
         self.blocks: Dict[str, Any] = {}
         self.handles: Dict[str, Any] = {}
@@ -262,12 +260,9 @@ class Driver:
             if self.kind == "cpu_gpu":
                 block = other.allocate_mutable_block(None, self.device("GPU"))
                 handle = DeviceModel(1, 1, size).allocate_mutable_block(None, "GPU")
-            elif self.kind == "naive":
-                block = other.allocate_mutable_block(None)
-                handle = Model(1, size, caching=False).allocate_mutable_block(None)
             else:
                 block = other.allocate_mutable_block(None)
-                handle = Model(1, size).allocate_mutable_block(None)
+                handle = Model(1, size, caching=self.kind != "naive").allocate_mutable_block(None)
             self._foreign = (block, handle)
         return self._foreign[0] if side == "target" else self._foreign[1]
 
@@ -574,6 +569,7 @@ class Driver:
 
     def _compare_after(self, step: Step, *, unchanged: bool) -> None:
         what = "after a refused call" if unchanged else "after the call"
+        category = "robustness" if unchanged else "conformance"
         live = self.live_names()
         for name in live:
             t_id = getattr(self.blocks[name], "block_id", None)
@@ -594,19 +590,16 @@ class Driver:
                     raise self._fail("integrity", f"{step.op}: block {name} holds content "
                                      f"{key!r} but the target gave it id {t_id}, which "
                                      f"holds {held!r}", "other-content")
-                category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name} has id {t_id} "
                                  f"in the target, {m_id} in the spec", "block-id")
         for name in live:  # the flag a cache hit sets on the Block object
             computed = _computed_flag(self.blocks[name])
             if computed is not _ABSENT and computed is not self.handles[name].computed:
-                category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, block {name}.computed is "
                                  f"{computed!r} in the target, {self.handles[name].computed} "
                                  f"in the spec", "block-computed")
         for label, (t_free, m_free) in self._free_counts().items():
             if t_free != m_free:
-                category = "robustness" if unchanged else "conformance"
                 raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks"
                                  f"({label}) is {t_free} in the target, {m_free} in the spec",
                                  "free-count")
@@ -617,11 +610,9 @@ class Driver:
 
     def _free_counts(self) -> Dict[str, Tuple[int, int]]:
         # a recording answers with the count it recorded, without a step
-        count = getattr(type(self.allocator), "recorded_free_count", None)
-        if count is not None:
-            count = self.allocator.recorded_free_count
-        else:
-            count = self.allocator.get_num_free_blocks
+        recorded = getattr(type(self.allocator), "recorded_free_count", None) is not None
+        count = self.allocator.recorded_free_count if recorded \
+            else self.allocator.get_num_free_blocks
         if self.kind == "cpu_gpu":
             return {d: (count(self.device(d)), self.model.get_num_free_blocks(d))
                     for d in ("GPU", "CPU")}

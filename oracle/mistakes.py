@@ -556,16 +556,16 @@ def _on_open(op: str, make: Callable[[Machine, str, st.DataObject], Dict[str, An
 BAD_TOKENS: List[Any] = [["x"], [True], [1.5], {0: 5}]
 
 
+def _write(m: Machine, op: str, name: str) -> bool:
+    """``op`` on the block ``name``: a one-token append, or the call on the block alone."""
+    m.run(op, block=name, **({"token_ids": [0]} if op == "append_token_ids" else {}))
+    return True
+
+
 def _shared_then_full(op: str) -> Provoke:
     def provoke(m: Machine, data: st.DataObject) -> bool:
         forked = _fork_partial(m, data)
-        if forked is None or not _fill(m, forked[1]):
-            return False
-        if op == "append_token_ids":
-            m.run(op, block=forked[0], token_ids=[0])
-        else:
-            m.run(op, block=forked[0])
-        return True
+        return forked is not None and _fill(m, forked[1]) and _write(m, op, forked[0])
 
     return provoke
 
@@ -600,11 +600,7 @@ def _on_immutable(op: str, fork_first: bool = False) -> Provoke:
             if not m.ok():
                 return False
             name = _new_seq(m, step, seq).names[-1]
-        if op == "append_token_ids":
-            m.run(op, block=name, token_ids=[0])
-        else:
-            m.run(op, block=name)
-        return True
+        return _write(m, op, name)
 
     return provoke
 
@@ -613,10 +609,15 @@ def _any_live(m: Machine) -> bool:
     return bool(m.seqs)
 
 
-def _promote_naive(m: Machine, data: st.DataObject) -> bool:
-    _, name = _draw(data, _live(m), "block")
-    m.run("promote_to_immutable_block", block=name)
-    return True
+def _on_live(op: str, args: Callable[[str], Dict[str, Any]]) -> Provoke:
+    """The wrong call on a live block, with the arguments ``args`` gives for its name."""
+
+    def provoke(m: Machine, data: st.DataObject) -> bool:
+        _, name = _draw(data, _live(m), "block")
+        m.run(op, **args(name))
+        return True
+
+    return provoke
 
 
 # -- ids: marks, queries, free_block_id -------------------------------------------------
@@ -676,18 +677,6 @@ def _over_release(m: Machine, data: st.DataObject) -> bool:
         m.run("swap", blocks=[name, other], src_device=device, dst_device=dst, tamper=tamper)
     else:
         m.run("swap_out", blocks=[name, other], tamper=tamper)
-    return True
-
-
-def _swap_out_repeated(m: Machine, data: st.DataObject) -> bool:
-    _, name = _draw(data, _live(m), "block")
-    m.run("swap_out", blocks=[name, name])
-    return True
-
-
-def _swap_in_attached(m: Machine, data: st.DataObject) -> bool:
-    _, name = _draw(data, _live(m), "block")
-    m.run("swap_in", blocks=[name])
     return True
 
 
@@ -768,19 +757,8 @@ def _null_then(op: str) -> Provoke:
         if not m.ok():
             return False
         if op == "fork":
-            m.run("fork", last_block=step.out[0])
-        else:
-            m.run("append_token_ids", block=step.out[0], token_ids=[0])
-        return True
-
-    return provoke
-
-
-def _free_tampered(as_id: Any) -> Provoke:
-    def provoke(m: Machine, data: st.DataObject) -> bool:
-        _, name = _draw(data, _live(m), "block")
-        m.run("free", block=name, tamper={name: as_id})
-        return True
+            return bool(m.run("fork", last_block=step.out[0]))
+        return _write(m, op, step.out[0])
 
     return provoke
 
@@ -842,8 +820,10 @@ PROVOKERS: Dict[str, Provoker] = {
     **_alloc_rows("allocate_mutable_block"),
     **_alloc_rows("allocate_immutable_block"),
     **_alloc_rows("allocate_immutable_blocks"),
-    "free:pair-detached": Provoker(_any_live, _free_tampered(None)),
-    "free:pair-unknown-id": Provoker(_any_live, _free_tampered(UNKNOWN_ID)),
+    "free:pair-detached": Provoker(_any_live, _on_live(
+        "free", lambda n: {"block": n, "tamper": {n: None}})),
+    "free:pair-unknown-id": Provoker(_any_live, _on_live(
+        "free", lambda n: {"block": n, "tamper": {n: UNKNOWN_ID}})),
     "free_block_id:unknown-id": Provoker(_always, lambda m, d: bool(
         m.run("free_block_id", block_id=UNKNOWN_ID))),
     "free_block_id:double-free": Provoker(lambda m: bool(_free_ids(m)), lambda m, d: bool(
@@ -865,7 +845,8 @@ PROVOKERS: Dict[str, Provoker] = {
         _always, _on_open("promote_to_immutable_block", lambda m, n, d: {})),
     "promote_to_immutable_block:immutable": Provoker(
         _always, _on_immutable("promote_to_immutable_block")),
-    "promote_to_immutable_block:naive": Provoker(_any_live, _promote_naive),
+    "promote_to_immutable_block:naive": Provoker(_any_live, _on_live(
+        "promote_to_immutable_block", lambda n: {"block": n})),
     "mark_blocks_as_accessed:unknown-id": Provoker(
         _always, lambda m, d: _mark(m, [_draw(d, [UNKNOWN_ID, -1, "0"], "id")])),
     "mark_blocks_as_accessed:free-id": Provoker(
@@ -877,8 +858,8 @@ PROVOKERS: Dict[str, Provoker] = {
     "get_num_free_blocks:device": Provoker(_always, lambda m, d: bool(
         m.run("get_num_free_blocks", device="GPU"))),
     "swap_out:over-release": Provoker(_always, _over_release),
-    "swap_out:repeated": Provoker(_any_live, _swap_out_repeated),
-    "swap_in:attached": Provoker(_any_live, _swap_in_attached),
+    "swap_out:repeated": Provoker(_any_live, _on_live("swap_out", lambda n: {"blocks": [n, n]})),
+    "swap_in:attached": Provoker(_any_live, _on_live("swap_in", lambda n: {"blocks": [n]})),
     "swap_in:repeated": Provoker(_always, _swap_in_repeated),
     "swap_in:no-free": Provoker(_always, _swap_in_no_free),
     "swap_in:wrong-type": Provoker(_always, lambda m, d: bool(

@@ -118,14 +118,11 @@ class RecordingAllocator:
                            "ids": {b._name: b._real.block_id for b in blocks}}
             raise
         expect: Dict[str, Any] = {}
-        if op in _BLOCK_RESULTS and isinstance(result, list):
-            result = [self._wrap(r) for r in result]
-            step.out = [r._name for r in result]
-            blocks = blocks + result
-        elif op in _BLOCK_RESULTS:
-            result = self._wrap(result)
-            step.out = [result._name]
-            blocks = blocks + [result]
+        if op in _BLOCK_RESULTS:
+            made = [self._wrap(r) for r in (result if isinstance(result, list) else [result])]
+            step.out = [r._name for r in made]
+            blocks = blocks + made
+            result = made if isinstance(result, list) else made[0]
         else:
             expect["result"] = _jsonable(result)
         expect["ids"] = {b._name: b._real.block_id for b in blocks}
@@ -210,12 +207,9 @@ class _Player:
         self._next = 0
         self._free: Any = trace.num_blocks
         self._blocks: Dict[str, _PlayedBlock] = {}
-        self._kind = trace.kind
 
     def _block(self, name: str) -> _PlayedBlock:
-        if name not in self._blocks:
-            self._blocks[name] = _PlayedBlock(self, name)
-        return self._blocks[name]
+        return self._blocks.setdefault(name, _PlayedBlock(self, name))
 
     def _answer(self, op: str) -> Any:
         step = self._steps[self._next]

@@ -105,9 +105,7 @@ def _arg(value: Any) -> str:
 def render_step(step: Step) -> str:
     """One step as a line of Python (blocks by name, allocator ``a``)."""
     args = dict(step.args)
-    lhs = ""
-    if step.out:
-        lhs = "[" + ", ".join(step.out) + "] = "
+    lhs = "[" + ", ".join(step.out) + "] = " if step.out else ""
     if step.op == "append_token_ids":
         block = args.pop("block")
         return f"{block}.append_token_ids({args['token_ids']!r})"

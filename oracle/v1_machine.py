@@ -225,10 +225,7 @@ class V1Machine(RuleBasedStateMachine):
         label = f"mistake:{key}"
         event(label)
         self.config.stats.coverage[label] += 1
-        make = provokers[key]
-        if make is None:
-            return
-        op, args = make(data)
+        op, args = provokers[key](data)
         self.run(op, **args)
 
     def _provokers(self) -> Dict[str, Optional[Callable[[st.DataObject],

@@ -36,8 +36,10 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_TARGETS: Tuple[str, ...] = (
@@ -302,9 +304,7 @@ def describe(outcome: Outcome) -> str:
 def summary(outcomes: Sequence[Outcome], seconds: float) -> str:
     """The closing lines of the report."""
     posts = sum(len(o.function.postconditions) for o in outcomes)
-    counts: Dict[str, int] = {}
-    for o in outcomes:
-        counts[o.status] = counts.get(o.status, 0) + 1
+    counts = Counter(o.status for o in outcomes)
     parts = ", ".join(f"{n} {status}" for status, n in counts.items())
     line = (f"checked {posts} postconditions of {len(outcomes)} functions in "
             f"{seconds:.1f} s: {parts}")
@@ -322,12 +322,8 @@ def _emit(text: str, report: Optional[List[str]]) -> None:
 def crosshair_version() -> Optional[str]:
     """The installed crosshair-tool version, or None when it is missing."""
     try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - Python < 3.8
-        return None
-    try:
-        return version("crosshair-tool")
-    except PackageNotFoundError:
+        return metadata.version("crosshair-tool")
+    except metadata.PackageNotFoundError:
         return None
 
 

@@ -40,8 +40,7 @@ Files, below the cache directory (:func:`cache_dir`)::
 
 ``<edits>`` is ``unedited`` or 16 hex digits of the edits' SHA-256; each
 directory carries a stamp of what it was built from and is rebuilt when the
-stamp differs.  A ``src/`` directory there, if any, is the former
-bench/vllm_reference.py's extraction; nothing here reads it.
+stamp differs.
 
 Environment:
 
@@ -281,11 +280,13 @@ def _write_stubs(layout_stubs: Mapping[str, str], into: Path) -> None:
 
 # -- pins, cache directory, locking ------------------------------------------------------
 
-def _pin(version: str) -> Pin:
-    pin = PINS.get(version)
+def pin_of(version: str, pins: Mapping[str, Pin] = PINS, what: str = "") -> Pin:
+    """The pin of ``version`` in ``pins`` (v0's by default; ``what`` says of
+    what, in the error); VllmSourceError naming the pinned versions otherwise."""
+    pin = pins.get(version)
     if pin is None:
-        raise VllmSourceError(f"vLLM {version!r} is not pinned; pinned versions: "
-                              f"{', '.join(sorted(PINS))}")
+        raise VllmSourceError(f"vLLM {version!r} is not pinned{what}; pinned versions: "
+                              f"{', '.join(sorted(pins))}")
     return pin
 
 
@@ -293,7 +294,7 @@ def cache_dir(version: str = "0.8.5") -> Path:
     """The cache directory of vLLM ``version``: ``$PREFIXCACHE_VLLM_CACHE`` if
     set, else ``~/.cache/prefixcache/vllm-<version>``.  Creates nothing.
     Raises VllmSourceError for a version not in :data:`PINS`."""
-    return pinned_cache_dir(_pin(version))
+    return pinned_cache_dir(pin_of(version))
 
 
 def pinned_cache_dir(pin: Pin) -> Path:
@@ -422,7 +423,7 @@ def wheel(version: str = "0.8.5") -> Path:
     set, else the copy in :func:`cache_dir`, else one downloaded there with
     pip.  Raises VllmSourceError when it cannot be had or its SHA-256 is not
     the pinned one."""
-    return pinned_wheel(_pin(version))
+    return pinned_wheel(pin_of(version))
 
 
 def pinned_wheel(pin: Pin) -> Path:
@@ -483,7 +484,7 @@ def sdist(version: str = "0.8.5") -> Path:
     ``$PREFIXCACHE_VLLM_SDIST`` if set, else the copy in :func:`cache_dir`, else
     one downloaded there by the URL the package index lists for it.  Raises
     VllmSourceError when it cannot be had or its SHA-256 is not the pinned one."""
-    pin = _pin(version)
+    pin = pin_of(version)
     if not pin.sdist:
         raise VllmSourceError(f"no source archive of vLLM {version} is pinned")
     return _obtain(pin, pin.sdist, pin.sdist_sha256, SDIST_ENV, _fetch_sdist)
@@ -660,7 +661,7 @@ def source_tree(version: str = "0.8.5", edits: Optional[Edits] = None) -> Path:
     directory, under its lock, and reused.  Raises VllmSourceError when the
     wheel cannot be had, an edit does not apply or an edited file does not
     parse; TypeError or ValueError for malformed ``edits``."""
-    return pinned_source_tree(_pin(version), edits)
+    return pinned_source_tree(pin_of(version), edits)
 
 
 def pinned_source_tree(pin: Pin, edits: Optional[Edits] = None) -> Path:
@@ -795,7 +796,7 @@ def load(version: str = "0.8.5", edits: Optional[Edits] = None) -> types.SimpleN
     package).  Memoised per (version, edits) for the life of the process.
     Raises VllmSourceError as :func:`source_tree` does, or when a module does
     not import."""
-    return load_pinned(_pin(version), edits, lambda modules: {"Device": modules["utils"].Device})
+    return load_pinned(pin_of(version), edits, lambda modules: {"Device": modules["utils"].Device})
 
 
 def load_pinned(pin: Pin, edits: Optional[Edits] = None,

@@ -55,8 +55,8 @@ from .vllm_source import (
     Edits,
     Layout,
     Pin,
-    VllmSourceError,
     load_pinned,
+    pin_of,
     pinned_source_tree,
     report_check,
 )
@@ -206,11 +206,7 @@ V1_DEFAULT = "0.34.0"
 
 
 def _v1_pin(version: str) -> Pin:
-    pin = V1_PINS.get(version)
-    if pin is None:
-        raise VllmSourceError(f"vLLM {version!r} is not pinned for the v1 BlockPool; pinned "
-                              f"versions: {', '.join(sorted(V1_PINS))}")
-    return pin
+    return pin_of(version, V1_PINS, " for the v1 BlockPool")
 
 
 def repr_sha256(value: Any) -> bytes:

@@ -228,20 +228,9 @@ def errors_of(operation: str, allocator: str = PREFIX) -> Dict[str, Type[BaseExc
     }
 
 
-def row(key: str) -> ErrorCase:
-    """Return the row whose :attr:`ErrorCase.key` is ``key`` (KeyError if none)."""
-    for case in ERROR_TABLE:
-        if case.key == key:
-            return case
-    raise KeyError(key)
-
-
 def operations() -> List[str]:
     """Return every operation the table names, in table order, once each."""
-    seen: Dict[str, None] = {}
-    for row in ERROR_TABLE:
-        seen.setdefault(row.operation, None)
-    return list(seen)
+    return list(dict.fromkeys(row.operation for row in ERROR_TABLE))
 
 
 __all__ = [
@@ -255,5 +244,4 @@ __all__ = [
     "PREFIX",
     "errors_of",
     "operations",
-    "row",
 ]

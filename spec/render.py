@@ -98,20 +98,24 @@ def comment_docs(module: object) -> Dict[str, str]:
 # the generated sections
 
 
+def _constants(module: object) -> List[str]:
+    """The module-level names a ``#:`` comment documents, with their values."""
+    return [f"- **`{name}`** = `{repr(getattr(module, name)).replace('typing.', '')}`: {doc}"
+            for name, doc in comment_docs(module).items()]
+
+
+def _fields(cls: type) -> List[str]:
+    """A dataclass's heading, its docstring and the table of its fields."""
+    return [f"### `{cls.__name__}`", "", _doc(cls), "", "| field | type |", "|---|---|",
+            *(f"| `{f.name}` | `{one_line(str(f.type))}` |" for f in dataclasses.fields(cls))]
+
+
 def render_state() -> str:
     """The abstract state: the module's account of content keys, then each
     dataclass of spec/state.py with its docstring and its fields."""
-    out = [_doc(state), ""]
-    for name, doc in comment_docs(state).items():
-        value = getattr(state, name)
-        shown = repr(value).replace("typing.", "")
-        out.append(f"- **`{name}`** = `{shown}`: {doc}")
-    out.append("")
+    out = [_doc(state), "", *_constants(state), ""]
     for cls in (state.AbstractState, state.BlockState, state.EvictorEntry):
-        out += [f"### `{cls.__name__}`", "", _doc(cls), "", "| field | type |", "|---|---|"]
-        for f in dataclasses.fields(cls):
-            out.append(f"| `{f.name}` | `{one_line(str(f.type))}` |")
-        out.append("")
+        out += [*_fields(cls), ""]
     return "\n".join(out)
 
 
@@ -177,9 +181,7 @@ def render_operations() -> str:
     steps = (contracts.next_id, contracts.in_use, contracts.is_mutable, contracts.take,
              contracts.release, contracts.share, contracts.promote, contracts.query,
              contracts.lookup, contracts.copy_on_write, contracts.demand, contracts.agrees)
-    for step in steps:
-        out += [f"- **`{step.__name__}`**: {one_line(step.__doc__ or '')}"]
-    out.append("")
+    out += [f"- **`{step.__name__}`**: {one_line(step.__doc__ or '')}" for step in steps] + [""]
     listed = set()
     for op in operations():
         p, q = pre.get(op), post.get(op)
@@ -197,7 +199,7 @@ def render_operations() -> str:
             if fn is not None:
                 out.append("- **Naive allocator.** " + _text(fn))
         out.append("")
-    shared = [fn for name, fn in {**_functions("pre_"), **_functions("post_")}.items()
+    shared = [fn for name, fn in {**pre, **post}.items()
               if name.startswith("naive_") and name not in listed]
     if shared:
         out += ["### The allocator without a cache, elsewhere", ""]
@@ -218,42 +220,40 @@ def render_errors() -> str:
     return "\n".join(out) + "\n"
 
 
-def _edge_table(rows: Sequence[Tuple[str, str, str, str]]) -> List[str]:
-    out = ["| from | to | operation | when |", "|---|---|---|---|"]
-    for src, dst, op, condition in rows:
-        out.append(f"| {src} | {dst} | `{op}` | {one_line(condition)} |")
-    return out
+def _life(mermaid: str, states: Sequence[Tuple[str, str]],
+          edges: Sequence[Tuple[str, str, str, str]]) -> str:
+    """A life cycle: the Mermaid picture, the states (name, meaning), and
+    every edge (from, to, operation, condition)."""
+    out = ["```mermaid", mermaid.rstrip("\n"), "```", "", "| state | meaning |", "|---|---|"]
+    out += [f"| {name} | {one_line(meaning)} |" for name, meaning in states]
+    out += ["", "| from | to | operation | when |", "|---|---|---|---|"]
+    out += [f"| {src} | {dst} | `{op}` | {one_line(condition)} |"
+            for src, dst, op, condition in edges]
+    return "\n".join(out) + "\n"
 
 
 def render_id_life() -> str:
     """The life cycle of a physical id: the Mermaid picture, the states, and
     every edge of the table with its condition."""
     T = transitions
-    out = ["```mermaid", T.mermaid().rstrip("\n"), "```", "",
-           "| state | meaning |", "|---|---|"]
-    for life in T.Life:
-        transient = " (transient)" if life in T.TRANSIENT else ""
-        out.append(f"| {life.value}{transient} | {one_line(T.DESCRIPTIONS[life])} |")
-    out += ["", *_edge_table([(t.source.value, t.target.value, t.operation, t.condition)
-                              for t in T.TRANSITIONS])]
-    return "\n".join(out) + "\n"
+    return _life(T.mermaid(), [(life.value + (" (transient)" if life in T.TRANSIENT else ""),
+                                T.DESCRIPTIONS[life]) for life in T.Life],
+                 [(t.source.value, t.target.value, t.operation, t.condition)
+                  for t in T.TRANSITIONS])
 
 
 def render_block_life() -> str:
     """The life cycle of a Block object: the Mermaid picture, the states,
     and every edge of the table with its condition."""
     T = transitions
-    out = ["```mermaid", T.block_mermaid().rstrip("\n"), "```", "",
-           "| state | meaning |", "|---|---|"]
-    for life in T.BlockLife:
-        out.append(f"| {life.value} | {one_line(T.BLOCK_DESCRIPTIONS[life])} |")
 
     def name(life: Optional[transitions.BlockLife]) -> str:
         return "(none)" if life is None else life.value
 
-    out += ["", *_edge_table([(name(t.source), name(t.target), t.operation, t.condition)
-                              for t in T.BLOCK_TRANSITIONS])]
-    return "\n".join(out) + "\n"
+    return _life(T.block_mermaid(), [(life.value, T.BLOCK_DESCRIPTIONS[life])
+                                     for life in T.BlockLife],
+                 [(name(t.source), name(t.target), t.operation, t.condition)
+                  for t in T.BLOCK_TRANSITIONS])
 
 
 def render_options() -> str:
@@ -273,13 +273,7 @@ def render_options() -> str:
 def render_pool_state() -> str:
     """vLLM v1's pool state: the module's account, its named types, and the
     fields of :class:`~prefixcache.spec.v1_state.V1State`."""
-    out = [_doc(v1_state), ""]
-    for name, doc in comment_docs(v1_state).items():
-        shown = repr(getattr(v1_state, name)).replace("typing.", "")
-        out.append(f"- **`{name}`** = `{shown}`: {doc}")
-    cls = v1_state.V1State
-    out += ["", f"### `{cls.__name__}`", "", _doc(cls), "", "| field | type |", "|---|---|"]
-    out += [f"| `{f.name}` | `{one_line(str(f.type))}` |" for f in dataclasses.fields(cls)]
+    out = [_doc(v1_state), "", *_constants(v1_state), "", *_fields(v1_state.V1State)]
     return "\n".join(out) + "\n"
 
 

@@ -21,7 +21,7 @@ ours; SPEC.md's table of options is rendered from it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 
 @dataclass(frozen=True)
@@ -146,13 +146,4 @@ def preset(name: str) -> Semantics:
 
 def option_named(name: str) -> Option:
     """The option called ``name`` (KeyError otherwise)."""
-    for option in OPTIONS:
-        if option.name == name:
-            return option
-    raise KeyError(name)
-
-
-def presets_with(semantics: Semantics) -> List[str]:
-    """The presets whose values equal ``semantics`` on every option it sets to vLLM's rule."""
-    return [name for name, p in PRESETS.items()
-            if all(p.value(o) for o in OPTIONS if semantics.value(o))]
+    return {option.name: option for option in OPTIONS}[name]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .state import AbstractState, BlockId
 
@@ -159,15 +159,21 @@ DESCRIPTIONS: Dict[Life, str] = {
 _NAMES = {F: "Free", M: "Mutable", IM: "Immutable", E: "Evictable", EV: "Evicted"}
 
 
-def edges() -> Dict[Tuple[Life, Life], List[str]]:
-    """Return (source, target) -> the operations that take that edge, in
-    table order, once each."""
-    out: Dict[Tuple[Life, Life], List[str]] = {}
-    for t in TRANSITIONS:
+def _edges(table: Sequence[Any]) -> Dict[Tuple[Any, Any], List[str]]:
+    """(source, target) -> the operations that take that edge of ``table``,
+    in table order, once each."""
+    out: Dict[Tuple[Any, Any], List[str]] = {}
+    for t in table:
         ops = out.setdefault((t.source, t.target), [])
         if t.operation not in ops:
             ops.append(t.operation)
     return out
+
+
+def edges() -> Dict[Tuple[Life, Life], List[str]]:
+    """Return (source, target) -> the operations that take that edge, in
+    table order, once each."""
+    return _edges(TRANSITIONS)
 
 
 def allowed(source: Life, target: Life, operation: Optional[str] = None) -> bool:
@@ -187,24 +193,26 @@ def allowed(source: Life, target: Life, operation: Optional[str] = None) -> bool
         step(source, mid) and step(mid, target) for mid in TRANSIENT)
 
 
-def _label(ops: List[str]) -> str:
-    return "<br/>".join(ops)
+def _mermaid(names: Dict[Any, str], descriptions: Dict[Any, str],
+             table: Dict[Tuple[Any, Any], List[str]], *start: str) -> List[str]:
+    """The lines of a ``stateDiagram-v2``: ``start``, one state per key of
+    ``names`` with its description, one arrow per edge of ``table`` between
+    two states (``[*]`` for None) labelled with its operations."""
+    lines = ["stateDiagram-v2", "    direction LR", *start]
+    lines += [f"    {name} : {name}<br/>{descriptions[life]}" for life, name in names.items()]
+    lines += [f"    {names.get(src, '[*]')} --> {names.get(dst, '[*]')} : {'<br/>'.join(ops)}"
+              for (src, dst), ops in table.items() if src != dst]
+    return lines
 
 
 def mermaid() -> str:
     """Return the id table as Mermaid ``stateDiagram-v2`` text: one state
     per :class:`Life` with its description, one arrow per (source, target)
     pair labelled with its operations; the transient state drawn dashed."""
-    lines = ["stateDiagram-v2", "    direction LR", "    [*] --> Free"]
-    for life in Life:
-        lines.append(f"    {_NAMES[life]} : {_NAMES[life]}<br/>{DESCRIPTIONS[life]}")
-    for (src, dst), ops in edges().items():
-        if src == dst:
-            continue
-        lines.append(f"    {_NAMES[src]} --> {_NAMES[dst]} : {_label(ops)}")
+    lines = _mermaid(_NAMES, DESCRIPTIONS, edges(), "    [*] --> Free")
     lines.append("    classDef transient stroke-dasharray: 5 5")
-    for life in sorted(TRANSIENT, key=lambda x: x.value):
-        lines.append(f"    class {_NAMES[life]} transient")
+    lines += [f"    class {_NAMES[life]} transient"
+              for life in sorted(TRANSIENT, key=lambda x: x.value)]
     return "\n".join(lines) + "\n"
 
 
@@ -284,29 +292,14 @@ BLOCK_DESCRIPTIONS: Dict[BlockLife, str] = {
 def block_edges() -> Dict[Tuple[Optional[BlockLife], Optional[BlockLife]], List[str]]:
     """Return (source, target) -> the operations that take that edge of a
     Block's life, in table order, once each."""
-    out: Dict[Tuple[Optional[BlockLife], Optional[BlockLife]], List[str]] = {}
-    for t in BLOCK_TRANSITIONS:
-        ops = out.setdefault((t.source, t.target), [])
-        if t.operation not in ops:
-            ops.append(t.operation)
-    return out
+    return _edges(BLOCK_TRANSITIONS)
 
 
 def block_mermaid() -> str:
     """Return the Block table as Mermaid ``stateDiagram-v2`` text: one
     state per :class:`BlockLife`, ``[*]`` for "no Block", one arrow per
     (source, target) pair labelled with its operations."""
-    lines = ["stateDiagram-v2", "    direction LR"]
-    for life in BlockLife:
-        lines.append(f"    {_BLOCK_NAMES[life]} : {_BLOCK_NAMES[life]}<br/>"
-                     f"{BLOCK_DESCRIPTIONS[life]}")
-    for (src, dst), ops in block_edges().items():
-        if src == dst:
-            continue
-        a = "[*]" if src is None else _BLOCK_NAMES[src]
-        b = "[*]" if dst is None else _BLOCK_NAMES[dst]
-        lines.append(f"    {a} --> {b} : {_label(ops)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(_mermaid(_BLOCK_NAMES, BLOCK_DESCRIPTIONS, block_edges())) + "\n"
 
 
 __all__ = [
