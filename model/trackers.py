@@ -4,11 +4,11 @@ vLLM's block manager keeps, beside its allocator, a ``ComputedBlocksTracker``
 (how many tokens of each sequence are cached, asked every scheduler step)
 and a ``LastAccessBlocksTracker`` (each sequence's last run time, passed to
 ``mark_blocks_as_accessed`` only when asked: vLLM defers the marks).  Both
-live in ``prefix_caching_block.py`` (shared/API.md, section 5) and in
-prefixcache.impl.  Their models here answer through a model of the
-allocator (:class:`~prefixcache.model.Model` or ``DeviceModel``, the GPU
-for a pair), by content: a sequence's full blocks are named by their exact
-tokens and extra hash, never by a hash.
+live in vLLM's ``prefix_caching_block.py`` and in
+``prefixcache.impl.prefix_caching_block``.  Their models here answer
+through a model of the allocator (:class:`~prefixcache.model.Model` or
+``DeviceModel``, the GPU for a pair), by content: a sequence's full
+blocks are named by their exact tokens and extra hash, never by a hash.
 
 Using a sequence id the helper does not track (or one it already tracks,
 for ``add_seq``) is the caller's mistake: vLLM asserts, the models raise
