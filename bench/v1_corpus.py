@@ -87,9 +87,16 @@ VARIANTS: Tuple[Variant, ...] = (
               "ret: list[KVCacheBlock] = self.free_block_queue.get_all_free_blocks()"
               "[::-1][:num_blocks]\n        for b in ret:\n"
               "            self.free_block_queue.remove(b)"),)),
-    Variant("null-block-freed", "free_blocks does not skip the null block",
-            ((POOL, "            if block.is_null:  # never pooled; its ref_cnt is not "
-              "maintained\n                continue\n", ""),)),
+    Variant("null-block-freed", "touch counts the null block's references again (as "
+            "before 0.33.0) and free_blocks does not skip it",
+            ((POOL, "            if block.is_null:\n                continue\n"
+              "            # ref_cnt=0 means this block is in the free list (i.e. eviction\n"
+              "            # candidate), so remove it.\n            if block.ref_cnt == 0:\n",
+              "            # ref_cnt=0 means this block is in the free list (i.e. eviction\n"
+              "            # candidate), so remove it.\n"
+              "            if block.ref_cnt == 0 and not block.is_null:\n"),
+             (POOL, "            if block.is_null:  # never pooled; its ref_cnt is not "
+              "maintained\n                continue\n", ""))),
     Variant("duplicate-promotes-nothing", "removing the first of duplicate ids leaves the "
             "lookup on it (a stale map entry)",
             ((POOL, "self._cache[key] = next(iter(dup_ids))", "pass"),)),

@@ -55,11 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``prefixcache fuzz``."""
     parser.add_argument("--api", choices=APIS, default="v0",
                         help="v0: vLLM 0.8.5's block allocators (the default); v1: vLLM v1's "
-                        "BlockPool (pinned 0.34.0)")
+                        "BlockPool (pinned releases 0.28.0 to 0.34.0)")
     parser.add_argument("--target", default=None, metavar="MODULE:CLASS",
                         help="the allocator to judge: MODULE:CLASS, or vllm==0.8.5 for vLLM's "
                         "own (default: prefixcache.impl; with --api v1: vllm==0.34.0, vLLM's "
-                        "own BlockPool)")
+                        "own BlockPool, or another pinned release from vllm==0.28.0)")
     parser.add_argument("--kind", choices=KINDS, default=None,
                         help="prefix, naive or cpu_gpu (default: guessed from the class)")
     parser.add_argument("--hash-algo", default=None, metavar="builtin|sha256|MODULE:FUNCTION",
@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT,
                         help="whose rule decides where the spec names two (default: "
                         "prefixcache; vllm-0.8.5 takes vLLM 0.8.5's, and with --api v1 "
-                        "vllm-0.34.0 takes vLLM 0.34.0's)")
+                        "vllm-0.34.0 takes vLLM's, the same for every pinned release)")
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--seconds", type=float, default=None,
                         help="time budget of the whole run, shrinking included")

@@ -40,7 +40,7 @@ from .driver import Driver
 from .mistakes import OracleError
 from .targets import Target
 from .trace import Step, Trace
-from .v1_targets import V1_KIND, null_block_of
+from .v1_targets import V1_KIND, null_block_of, takes_evict_first
 from .violations import Violation
 
 #: The hash of "no parent" for the chains the oracle makes (any fixed bytes
@@ -76,7 +76,7 @@ def has_pool_internals(pool: Any) -> bool:
     hash_map = getattr(pool, "cached_block_hash_to_block", None)
     return (isinstance(getattr(pool, "blocks", None), list) and queue is not None
             and hasattr(queue, "fake_free_list_head") and hash_map is not None
-            and hasattr(hash_map, "_cache") and hasattr(hash_map, "_dup_ids")
+            and isinstance(getattr(hash_map, "_cache", None), dict)
             and isinstance(getattr(pool, "cached_block_hashes_by_block", None), dict)
             and null_block_of(pool) is not None)
 
@@ -126,6 +126,8 @@ class V1Driver:
         if null is not None and isinstance(getattr(null, "block_id", None), int):
             self.objects[null.block_id] = null
         self.white = white_box and has_pool_internals(self.pool)
+        #: whether the pool's free_blocks takes evict_first (new in 0.34.0)
+        self.evict_first = takes_evict_first(self.pool)
         self.refused: Optional[str] = None
         self.step_events: List[str] = []
         self.events: Counter[str] = Counter()
@@ -206,8 +208,12 @@ class V1Driver:
         if op == "touch":
             return lambda: pool.touch(objects["blocks"])
         if op == "free_blocks":
-            return lambda: pool.free_blocks(objects["ordered_blocks"],
-                                            evict_first=args.get("evict_first", False))
+            if not args.get("evict_first"):  # as a pool without evict_first takes it too
+                return lambda: pool.free_blocks(objects["ordered_blocks"])
+            if not self.evict_first:
+                raise KeyError("the trace frees with evict_first=True, which this pool's "
+                               "free_blocks does not take")
+            return lambda: pool.free_blocks(objects["ordered_blocks"], evict_first=True)
         if op == "evict_blocks":
             return lambda: pool.evict_blocks(set(args["block_ids"]))
         if op in ("reset_prefix_cache", "get_num_free_blocks", "get_usage"):

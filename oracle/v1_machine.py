@@ -73,6 +73,14 @@ class V1Machine(RuleBasedStateMachine):
     def size(self) -> int:
         return self.d.trace.block_size
 
+    def free_args(self, ids: List[int], evict_first: bool = False) -> Dict[str, Any]:
+        """The arguments of ``free_blocks(ids)``: ``evict_first`` too where the
+        pool takes it (so a trace of an earlier release's pool reads as its
+        own calls)."""
+        if self.d.evict_first:
+            return dict(ordered_blocks=ids, evict_first=evict_first)
+        return dict(ordered_blocks=ids)
+
     def nameable(self, ids: Any) -> List[int]:
         return [i for i in ids if self.d.can_name(i)]
 
@@ -185,17 +193,17 @@ class V1Machine(RuleBasedStateMachine):
         self.run("touch", blocks=ids)
         self.held += [i for i in ids if i != 0]
 
-    @machine_rule(when=lambda self: self.held, data=st.data(), evict_first=st.booleans(),
-                  null=st.booleans())
-    def free(self, data: st.DataObject, evict_first: bool, null: bool) -> None:
+    @machine_rule(when=lambda self: self.held, data=st.data(), null=st.booleans())
+    def free(self, data: st.DataObject, null: bool) -> None:
         """``free_blocks`` of some held references, in any order (a request
-        frees its tail first), with or without ``evict_first``."""
+        frees its tail first), with or without ``evict_first`` (always
+        without on a pool that does not take it)."""
+        evict_first = self.d.evict_first and data.draw(st.booleans(), label="evict_first")
         order = data.draw(st.permutations(range(len(self.held))), label="order")
         chosen = order[:data.draw(st.integers(1, len(order)), label="count")]
         ids = [self.held[k] for k in chosen]
         self.held = [i for k, i in enumerate(self.held) if k not in set(chosen)]
-        self.run("free_blocks", ordered_blocks=ids + ([0] if null else []),
-                 evict_first=evict_first)
+        self.run("free_blocks", **self.free_args(ids + ([0] if null else []), evict_first))
 
     @machine_rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:
@@ -272,11 +280,10 @@ class V1Machine(RuleBasedStateMachine):
             "get_new_blocks:negative": lambda data: (
                 "get_new_blocks", dict(num_blocks=-data.draw(st.integers(1, 2), label="n"))),
             "free_blocks:unreferenced": (lambda data: (
-                "free_blocks", dict(ordered_blocks=[one(free)(data)], evict_first=False)))
-            if free else None,
+                "free_blocks", self.free_args([one(free)(data)]))) if free else None,
             "free_blocks:repeated": (lambda data: (
-                "free_blocks", dict(ordered_blocks=[one(held_once)(data)] * 2,
-                                    evict_first=False))) if held_once else None,
+                "free_blocks", self.free_args([one(held_once)(data)] * 2)))
+            if held_once else None,
             "touch:not-cached-free": (lambda data: (
                 "touch", dict(blocks=[one(free_plain)(data)]))) if free_plain else None,
             "cache_full_blocks:unreferenced": cache_one(one(free)) if free else None,

@@ -72,6 +72,17 @@ def check_v1_pool(target: Target) -> None:
                           "operation of vLLM's)")
 
 
+def takes_evict_first(pool: Any) -> bool:
+    """Whether the pool's ``free_blocks`` takes ``evict_first`` (0.34.0's does,
+    earlier releases' do not; a signature that cannot be read counts as
+    taking it)."""
+    try:
+        params = inspect.signature(pool.free_blocks).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "evict_first" or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def null_block_of(pool: Any) -> Optional[Any]:
     """The pool's null block object, where it publishes one (``null_block``)."""
     return getattr(pool, "null_block", None)

@@ -10,36 +10,34 @@ rewritten under a private package name exactly as
 :mod:`prefixcache.oracle.vllm_source` does for the v0 allocators (it shares
 that module's machinery: only the :class:`~.vllm_source.Layout` differs).
 
-What the two files import, and the stand-in each gets here:
+What the two files import, and the stand-in each gets here (the same for
+every pinned release; which names each imports differs, so most stand-ins
+answer any name):
 
-========================================  ==========================================
-``vllm.distributed.kv_events``            ``MEDIUM_GPU``; the event classes record
-                                          their keyword arguments
-``vllm.logger``                           ``init_logger``: a stdlib logger
-``vllm.multimodal.utils``                 ``get_mm_features_in_window``: raises (no
-                                          multi-modal requests here)
-``vllm.utils.gc_utils``                   ``gc_untrack``: the identity
-``vllm.utils.hashing``                    ``xxhash``, ``xxhash_cbor``: raise (never
-                                          the hash used here)
-``vllm.utils.math_utils``                 ``cdiv``
-``vllm.envs``                             ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``
-``vllm.config``                           ``VllmConfig``: a placeholder class
-``vllm.v1.core.kv_cache_metrics``         ``KVCacheMetricsCollector``: placeholder
-``vllm.v1.request``                       ``Request``: placeholder (the pool reads
-                                          only ``request.block_hashes``)
-``vllm.v1.kv_cache_interface``            the spec classes: placeholders;
-                                          ``iter_layer_specs``: raises
-``vllm.v1.kv_cache_spec_registry``        ``KVCacheSpecRegistry``: placeholder
-``vllm.v1.token_buffer``                  ``token_slice``: a list slice
-``vllm.v1.utils``                         ``tensor_data``: raises
-========================================  ==========================================
+=========================================  =========================================
+``vllm.distributed.kv_events``             ``MEDIUM_GPU``; the event classes record
+                                           their keyword arguments
+``vllm.logger``                            ``init_logger``: a stdlib logger
+``vllm.utils.gc_utils``                    ``gc_untrack``: the identity
+``vllm.utils.math_utils``                  ``cdiv``, ``round_up``
+``vllm.envs``                              ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``
+``vllm.v1.token_buffer``                   ``token_slice``: a list slice
+``vllm.config``, ``vllm.v1.request``,      any name: a placeholder class for a
+``vllm.v1.kv_cache_interface``,            capitalised one (annotations only: the
+``vllm.v1.core.kv_cache_metrics``,         pool reads only ``request.block_hashes``),
+``vllm.v1.kv_cache_spec_registry``,        else a function that raises (never
+``vllm.v1.utils``, ``vllm.v1.hisparse``,   reached: no multi-modal requests, no
+``vllm.multimodal.utils``,                 hash function of vLLM's, no KV-cache
+``vllm.utils.hashing``, ``.mem_utils``,    configuration)
+``.torch_utils``
+=========================================  =========================================
 
 The cache, its directory and environment variables are vllm_source's
 (``PREFIXCACHE_VLLM_CACHE``, ``PREFIXCACHE_VLLM_WHEEL``, ...).
 
 Command line::
 
-    python -m prefixcache.oracle.vllm_v1_source --check [--version 0.34.0]
+    python -m prefixcache.oracle.vllm_v1_source --check [--version 0.34.0|0.33.0|...|0.28.0]
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ from .vllm_source import (
 )
 
 #: Bump when the stubs below change: trees and imported copies are rebuilt.
-V1_STUB_VERSION = 1
+V1_STUB_VERSION = 2
 
 #: The wheel members the tree takes.
 V1_FILES = ("vllm/v1/core/block_pool.py", "vllm/v1/core/kv_cache_utils.py")
@@ -74,26 +72,34 @@ V1_MODULES = {
     "kv_events": "distributed.kv_events",
 }
 
-_PLACEHOLDER = '''\
-class {name}:
-    """Placeholder (prefixcache stand-in; used in annotations only)."""
+_PLACEHOLDERS = '''
+
+def __getattr__(name):
+    """Any name a release imports from here: a placeholder class for a
+    capitalised name (annotations and isinstance only), else a function
+    that raises (never reached from the calls prefixcache makes)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    if name[:1].isupper():
+        return type(name, (), {"__doc__": "Placeholder (prefixcache stand-in)."})
+
+    def stand_in(*args, **kwargs):
+        raise NotImplementedError(f"{name} is a prefixcache stand-in")
+
+    stand_in.__name__ = name
+    return stand_in
 '''
 
 
-def _raising(name: str) -> str:
-    return f'''\
-def {name}(*args, **kwargs):
-    """Stand-in (prefixcache): not reachable from the calls prefixcache makes."""
-    raise NotImplementedError("{name} is a prefixcache stand-in")
-'''
-
-
-def _placeholders(*names: str) -> str:
-    return "\n\n".join(_PLACEHOLDER.format(name=name) for name in names)
+def _stand_in(module: str) -> str:
+    """A stand-in module whose every name is a placeholder (the names each
+    release imports from it differ)."""
+    return f'"""Stand-in for {module} (prefixcache)."""\n' + _PLACEHOLDERS
 
 
 def _v1_stubs(version: str) -> Dict[str, str]:
-    """The stub modules of a v1 tree, by path inside the vllm package."""
+    """The stub modules of a v1 tree, by path inside the vllm package (the
+    same for every pinned release)."""
     package = '"""Stub package (prefixcache)."""\n'
     return {
         "__init__.py": f'''\
@@ -106,7 +112,7 @@ PREFIXCACHE_STUB = True
 __version__ = "{version}"
 ''',
         "envs.py": '"""Stand-in for vllm.envs."""\n\nVLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = False\n',
-        "config.py": '"""Stand-in for vllm.config."""\n\n\n' + _placeholders("VllmConfig"),
+        "config.py": _stand_in("vllm.config"),
         "logger.py": '''\
 """Stand-in for vllm.logger: plain stdlib loggers."""
 
@@ -145,8 +151,7 @@ class AllBlocksCleared(KVCacheEvent):
     pass
 ''',
         "multimodal/__init__.py": package,
-        "multimodal/utils.py": '"""Stand-in for vllm.multimodal.utils."""\n\n\n'
-                               + _raising("get_mm_features_in_window"),
+        "multimodal/utils.py": _stand_in("vllm.multimodal.utils"),
         "utils/__init__.py": package,
         "utils/gc_utils.py": '''\
 """Stand-in for vllm.utils.gc_utils."""
@@ -155,8 +160,7 @@ class AllBlocksCleared(KVCacheEvent):
 def gc_untrack(value):
     return value
 ''',
-        "utils/hashing.py": '"""Stand-in for vllm.utils.hashing."""\n\n\n'
-                            + _raising("xxhash") + "\n\n" + _raising("xxhash_cbor"),
+        "utils/hashing.py": _stand_in("vllm.utils.hashing"),
         "utils/math_utils.py": '''\
 """Stand-in for vllm.utils.math_utils."""
 
@@ -164,17 +168,22 @@ def gc_untrack(value):
 def cdiv(a, b):
     """Ceiling of a / b for ints."""
     return -(-a // b)
+
+
+def round_up(x, y):
+    """The least multiple of y that is x or more."""
+    return -(-x // y) * y
 ''',
+        "utils/mem_utils.py": _stand_in("vllm.utils.mem_utils"),
+        "utils/torch_utils.py": _stand_in("vllm.utils.torch_utils"),
         "v1/__init__.py": package,
         "v1/core/__init__.py": package,
-        "v1/core/kv_cache_metrics.py": '"""Stand-in."""\n\n\n'
-                                       + _placeholders("KVCacheMetricsCollector"),
-        "v1/request.py": '"""Stand-in for vllm.v1.request."""\n\n\n' + _placeholders("Request"),
-        "v1/kv_cache_interface.py": '"""Stand-in for vllm.v1.kv_cache_interface."""\n\n\n'
-        + _placeholders("KVCacheConfig", "KVCacheGroupSpec", "KVCacheSpec", "MambaSpec",
-                        "UniformTypeKVCacheSpecs") + "\n\n" + _raising("iter_layer_specs"),
-        "v1/kv_cache_spec_registry.py": '"""Stand-in."""\n\n\n'
-                                        + _placeholders("KVCacheSpecRegistry"),
+        "v1/core/kv_cache_metrics.py": _stand_in("vllm.v1.core.kv_cache_metrics"),
+        "v1/request.py": _stand_in("vllm.v1.request"),
+        "v1/kv_cache_interface.py": _stand_in("vllm.v1.kv_cache_interface"),
+        "v1/kv_cache_spec_registry.py": _stand_in("vllm.v1.kv_cache_spec_registry"),
+        "v1/hisparse/__init__.py": package,
+        "v1/hisparse/layout.py": _stand_in("vllm.v1.hisparse.layout"),
         "v1/token_buffer.py": '''\
 """Stand-in for vllm.v1.token_buffer."""
 
@@ -182,7 +191,7 @@ def cdiv(a, b):
 def token_slice(tokens, start, end):
     return list(tokens[start:end])
 ''',
-        "v1/utils.py": '"""Stand-in for vllm.v1.utils."""\n\n\n' + _raising("tensor_data"),
+        "v1/utils.py": _stand_in("vllm.v1.utils"),
     }
 
 
@@ -190,15 +199,26 @@ def token_slice(tokens, start, end):
 V1_LAYOUT = Layout(stubs=_v1_stubs, wanted=V1_FILES.__contains__, required=V1_FILES,
                    modules=V1_MODULES, stub_version=V1_STUB_VERSION)
 
-#: The v1 releases this module can obtain, by version.
+#: The SHA-256 of each pinned release's x86-64 Linux wheel, by version.
+_V1_WHEELS = {
+    "0.28.0": "addb0ffdaafd8155d75e9b3f5ddb3da28fdee9e8a7097ede91f7db2e9e1a3889",
+    "0.29.0": "09d48617fc2be9c6cdcd5db480651ab0d84817b257204f2cc2e3ecbb70bbb635",
+    "0.30.0": "ef52ee58c410ead0b8afb190838fa4cbcb52075596f67862a03859d984966ac4",
+    "0.31.0": "39132b433967f0962d03d8a5f633b9bee6b32708f566c7d5637b79f8d0ef3433",
+    "0.32.0": "5e2ecdc5b0baf72921c288486417ca82778456a448e4fe60b62ee43c0dfc8611",
+    "0.33.0": "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+    "0.34.0": "79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
+}
+
+#: The v1 releases this module can obtain, by version.  Their pools differ
+#: where the v1 profile looks only in ``free_blocks``' ``evict_first`` (new in
+#: 0.34.0), in the hash map's internals (which the abstraction reads in either
+#: shape) and in the null block's reference count (counted before 0.33.0, not
+#: maintained since; the abstraction reads it as 0).
 V1_PINS: Dict[str, Pin] = {
-    "0.34.0": Pin(
-        version="0.34.0",
-        wheel="vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl",
-        wheel_sha256="79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2",
-        platform="manylinux_2_28_x86_64",
-        layout=V1_LAYOUT,
-    ),
+    version: Pin(version=version, wheel=f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl",
+                 wheel_sha256=digest, platform="manylinux_2_28_x86_64", layout=V1_LAYOUT)
+    for version, digest in _V1_WHEELS.items()
 }
 
 #: The release the v1 model is written against.

@@ -1,5 +1,6 @@
 """The v1 error table: the caller mistakes of vLLM v1's ``BlockPool``, what the
-spec asks of each, and what the pinned release (0.34.0) does.
+spec asks of each, and what the pinned releases do (0.34.0, and each earlier
+pinned release alike).
 
 The spec's rule is v0's: a mistake raises and changes nothing.  The v1 pool
 checks few of its arguments (it trusts its one caller, the KV-cache manager):

@@ -1,5 +1,7 @@
 """The semantic presets of the v1 profile: whose rule decides where the v1
-spec is stricter than vLLM 0.34.0's pool on a call its API allows.
+spec is stricter than vLLM 0.34.0's pool on a call its API allows (every
+pinned release, 0.28.0 to 0.34.0, answers the mistakes alike, so
+``vllm-0.34.0`` is vLLM's rule for each).
 
 The v1 spec takes one option of :mod:`~prefixcache.spec.semantics` over:
 ``any-mistake-exception``.  A caller mistake raises ``ValueError`` in the

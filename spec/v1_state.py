@@ -43,7 +43,7 @@ class V1State:
     * ``num_blocks``: the number of physical ids, ``0 .. num_blocks - 1``.
     * ``null_block``: the id of the null block (:data:`NULL_BLOCK`).
     * ``ref_cnt``: the reference count of every id, by id (the null block's
-      is not maintained by the pool).
+      is 0: the pool does not maintain it).
     * ``free_queue``: the ids with no reference, in the order the pool hands
       them out (first = next; a cached id there is an eviction candidate).
     * ``queue_backward``: the free queue as its back links list it (read from

@@ -13,6 +13,7 @@ from typing import Any, Dict, List
 
 import pytest
 from helpers.v1_faults import CachedFreedToFront
+from helpers.v1_releases import TESTED_RELEASES
 
 from prefixcache.bench.v1_corpus import VARIANTS, judge
 from prefixcache.oracle.conformance import conformance_test
@@ -23,7 +24,7 @@ from prefixcache.oracle.v1_driver import V1Driver
 from prefixcache.oracle.v1_machine import V1_MISTAKE_ROWS, make_v1_machine
 from prefixcache.oracle.v1_targets import V1_KIND, resolve_v1_target
 from prefixcache.oracle.violations import Violation
-from prefixcache.oracle.vllm_v1_source import load_v1
+from prefixcache.oracle.vllm_v1_source import V1_DEFAULT, load_v1
 from prefixcache.spec.v1_error_table import V1_ERROR_TABLE
 from prefixcache.spec.v1_semantics import V1_PRESETS
 
@@ -38,18 +39,24 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 # -- the CI smoke test ---------------------------------------------------------------
 
-def test_a_short_v1_campaign_on_the_real_pool_is_clean(tmp_path: Path) -> None:
-    """The CI smoke test: a few seconds of valid calls on vLLM 0.34.0's pool."""
-    result = run_cli("fuzz", "--api", "v1", "--no-mistakes", "--seconds", "4", "--quiet",
-                     "--json", "report.json", cwd=tmp_path)
+@pytest.mark.parametrize("version", TESTED_RELEASES)
+def test_a_short_v1_campaign_on_the_real_pool_is_clean(tmp_path: Path, version: str) -> None:
+    """The CI smoke test: a few seconds of valid calls on a pinned release's
+    pool (before 0.34.0 free_blocks takes no evict_first, and is never asked for it)."""
+    target = f"vllm=={version}"
+    args = ["--target", target] if version != V1_DEFAULT else []
+    result = run_cli("fuzz", "--api", "v1", *args, "--no-mistakes", "--seconds", "4",
+                     "--quiet", "--json", "report.json", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["api"] == "v1" and report["target"] == "vllm==0.34.0"
+    assert report["api"] == "v1" and report["target"] == target
     assert report["findings"] == []
     for op in ("get_new_blocks", "cache_full_blocks", "get_cached_block", "touch",
                "free_blocks", "evict_blocks"):
         assert report["coverage"][f"op:{op}"] > 0, op
-    assert "api=v1 target=vllm==0.34.0" in result.stdout and "no new finding" in result.stdout
+    if version != V1_DEFAULT:
+        assert "transition:evict-first" not in report["coverage"]
+    assert f"api=v1 target={target}" in result.stdout and "no new finding" in result.stdout
 
 
 # -- usage errors -------------------------------------------------------------------------
@@ -117,8 +124,9 @@ def test_two_workers_find_a_fault_and_report_it_once(tmp_path: Path) -> None:
 
 # -- the driver's verdicts on hand-made traces ------------------------------------------------
 
-def _trace(steps: List[Dict[str, Any]], num_blocks: int = 4, size: int = 2) -> Trace:
-    return Trace(num_blocks=num_blocks, block_size=size, kind=V1_KIND, target="vllm==0.34.0",
+def _trace(steps: List[Dict[str, Any]], num_blocks: int = 4, size: int = 2,
+           version: str = V1_DEFAULT) -> Trace:
+    return Trace(num_blocks=num_blocks, block_size=size, kind=V1_KIND, target=f"vllm=={version}",
                  steps=[Step(op=s["op"], args={k: v for k, v in s.items() if k != "op"})
                         for s in steps])
 
@@ -175,7 +183,8 @@ def test_a_refusal_that_changes_the_state_is_reported_under_both_presets() -> No
     assert loose.violation.signature == "robustness/cache_full_blocks/changed:cached"
 
 
-def test_valid_calls_on_the_real_pool_agree_and_render() -> None:
+@pytest.mark.parametrize("version", TESTED_RELEASES)
+def test_valid_calls_on_the_real_pool_agree_and_render(version: str) -> None:
     steps = [dict(op="get_new_blocks", num_blocks=2),
              dict(op="cache_full_blocks", tokens=[[0, 1], [1, 1]], salt="a", blocks=[1, 2],
                   num_cached_blocks=0, num_full_blocks=2, block_size=2, kv_cache_group_id=1),
@@ -185,11 +194,26 @@ def test_valid_calls_on_the_real_pool_agree_and_render() -> None:
              dict(op="touch", blocks=[2]),
              dict(op="get_new_blocks", num_blocks=3),
              dict(op="reset_prefix_cache"), dict(op="get_usage")]
-    trace = _trace(steps)
+    trace = _trace(steps, version=version)
     assert replay(trace).violation is None
     program = render(trace)
     assert "a.free_blocks(ordered_blocks=[a.blocks[2], a.blocks[1], a.blocks[0]]" in program
     assert "block_hash=hash_of(request(tokens=[[0, 1], [1, 1]], salt='a'))" in program
+
+
+def test_a_pool_without_evict_first_is_never_asked_for_it() -> None:
+    """0.33.0's free_blocks takes no evict_first: the machine frees without
+    it, and a trace that asks for it names the reason instead of a crash."""
+    driver = V1Driver(resolve_v1_target("vllm==0.33.0"), 3, 1)
+    assert driver.white and not driver.evict_first
+    assert V1Driver(resolve_v1_target(), 3, 1).evict_first
+    driver.run(Step(op="get_new_blocks", args={"num_blocks": 2}))
+    driver.run(Step(op="free_blocks", args={"ordered_blocks": [1], "evict_first": False}))
+    with pytest.raises(KeyError, match="evict_first"):
+        driver.run(Step(op="free_blocks", args={"ordered_blocks": [2], "evict_first": True}))
+    machine = make_v1_machine(resolve_v1_target("vllm==0.33.0"))()
+    machine.driver = driver
+    assert machine.free_args([2], True) == {"ordered_blocks": [2]}
 
 
 def test_mistakes_off_promises_valid_calls() -> None:

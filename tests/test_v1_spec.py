@@ -1,5 +1,6 @@
-"""The v1 spec: the state's invariants, the abstraction of a real 0.34.0
-BlockPool, vLLM's hash chain, and the error table's account of the pinned pool."""
+"""The v1 spec: the state's invariants, the abstraction of a real BlockPool
+(of each pinned release), vLLM's hash chain, and the error table's account
+of the pinned pools."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import types
 from typing import Any, Callable, Dict
 
 import pytest
+from helpers.v1_releases import TESTED_RELEASES
 
 from prefixcache.model.v1_model import V1Model
 from prefixcache.oracle.vllm_v1_source import load_v1, repr_sha256
@@ -84,8 +86,11 @@ def test_the_chain_is_vllm_s() -> None:
         chain_hashes(repr_sha256, utils.NONE_HASH, blocks, "b")[2]
 
 
-def test_the_abstraction_reads_a_real_pool() -> None:
-    ref = load_v1()
+@pytest.mark.parametrize("version", TESTED_RELEASES)
+def test_the_abstraction_reads_a_real_pool(version: str) -> None:
+    """Both shapes of the hash map (0.33.0: blocks, or dicts of them; 0.34.0:
+    ids apart from the duplicates) read as the same state."""
+    ref = load_v1(version)
     pool = ref.BlockPool(num_gpu_blocks=5, enable_caching=True, hash_block_size=2)
     hashes = chain_hashes(repr_sha256, ref.kv_cache_utils.NONE_HASH, [(1, 2)])
     request = types.SimpleNamespace(block_hashes=hashes)
@@ -98,6 +103,22 @@ def test_the_abstraction_reads_a_real_pool() -> None:
     assert s == _state(cached={key: (1, 2)}, lookup={key: 1},
                        block_keys={1: (key, 2), 2: (key, 2)}, contents=s.contents)
     assert check_all_v1(s) == []
+    pool.evict_blocks({1})  # the duplicate left alone under its key
+    s = abstract_v1(pool, s.contents, block_size=2)
+    assert s == _state(cached={key: (2,)}, lookup={key: 2}, block_keys={2: (key, 2)},
+                       contents=s.contents)
+    assert check_all_v1(s) == []
+
+
+def test_the_null_block_s_count_reads_as_zero() -> None:
+    """0.28.0 counts touches and frees of the null block (0.33.0 on skip it);
+    nothing reads that count, so the abstraction reads it as 0."""
+    pool = load_v1("0.28.0").BlockPool(num_gpu_blocks=3, enable_caching=True, hash_block_size=1)
+    pool.touch([pool.null_block])
+    pool.free_blocks([pool.null_block, pool.null_block])
+    assert pool.null_block.ref_cnt == -1
+    s = abstract_v1(pool)
+    assert s.ref_cnt == (0, 0, 0) and check_all_v1(s) == []
 
 
 def _provoke(row_key: str, pool: Any, hashes: list) -> Callable[[], Any]:
@@ -123,9 +144,10 @@ def _provoke(row_key: str, pool: Any, hashes: list) -> Callable[[], Any]:
     return calls[row_key]
 
 
+@pytest.mark.parametrize("version", TESTED_RELEASES)
 @pytest.mark.parametrize("row", V1_ERROR_TABLE, ids=lambda r: r.key)
-def test_the_error_table_says_what_0_34_0_does(row: Any) -> None:
-    ref = load_v1()
+def test_the_error_table_says_what_each_pinned_release_does(row: Any, version: str) -> None:
+    ref = load_v1(version)
     pool = ref.BlockPool(num_gpu_blocks=5, enable_caching=True, hash_block_size=2)
     hashes = chain_hashes(repr_sha256, ref.kv_cache_utils.NONE_HASH, [(1, 2), (3, 4)])
     call = _provoke(row.key, pool, hashes)

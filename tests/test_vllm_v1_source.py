@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+from helpers.v1_releases import TESTED_RELEASES
 
 from prefixcache.oracle import vllm_source, vllm_v1_source
 from prefixcache.oracle.vllm_source import VllmSourceError
@@ -25,10 +26,11 @@ def _hashes(utils: types.ModuleType, *blocks: tuple) -> list:
     return out
 
 
-def test_the_real_block_pool_is_built_and_used() -> None:
-    ref = load_v1()
+@pytest.mark.parametrize("version", TESTED_RELEASES)
+def test_the_real_block_pool_is_built_and_used(version: str) -> None:
+    ref = load_v1(version)
     assert "torch" not in sys.modules
-    assert ref.package == "_prefixcache_vllm_0_34_0"
+    assert ref.package == "_prefixcache_vllm_" + version.replace(".", "_")
     assert ref.block_pool.__file__.endswith("block_pool.py")
     pool = ref.BlockPool(num_gpu_blocks=6, enable_caching=True, hash_block_size=2)
     assert pool.null_block.block_id == 0 and pool.get_num_free_blocks() == 5
