@@ -420,8 +420,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         seq = self.pick(data, self.seqs)
         step = self.run("fork", last_block=seq.names[-1])
         if self.ok():
-            self.seqs.append(Seq(step.out, seq.extra_hash, seq.device))
-            self.history.append(step.out)
+            self._hold(Seq(step.out, seq.extra_hash, seq.device))
 
     @machine_rule(when=lambda self: self.seqs, data=st.data())
     def free(self, data: st.DataObject) -> None:
@@ -535,8 +534,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if not self.ok():
             return
         copy = Seq(step.out, seq.extra_hash, seq.device)
-        self.seqs.append(copy)
-        self.history.append(copy.names)
+        self._hold(copy)
         room = self.handle(copy.names[-1]).num_empty_slots
         tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
         self.run("append_token_ids", block=copy.names[-1], token_ids=tokens)
@@ -553,8 +551,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if not self.ok():
             return
         copy = Seq(step.out, seq.extra_hash, seq.device)
-        self.seqs.append(copy)
-        self.history.append(copy.names)
+        self._hold(copy)
         self.run("append_token_ids", block=copy.names[0], token_ids=tokens)
 
     @machine_rule(when=lambda self: self.seqs, data=st.data())
@@ -600,9 +597,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         args: Dict[str, Any] = {"names": names}
         if slot is not None:
             args["reused_list"] = slot
-        if self.d.kind == "cpu_gpu":
-            args["device"] = "GPU"
-        self.run("find_cached_blocks_prefix", **args)
+        self.run("find_cached_blocks_prefix", **args, **self.alloc_args("GPU"))
 
     @machine_rule(when=lambda self: self.history, data=st.data())
     def scheduler_step(self, data: st.DataObject) -> None:
@@ -702,10 +697,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         """How many of a sequence's full blocks would need an id."""
         seq = self.pick(data, self.seqs)
         names = seq.names + data.draw(st.lists(st.sampled_from(seq.names), max_size=2))
-        if self.d.kind == "cpu_gpu":
-            self.run("get_num_full_blocks_touched", blocks=names, device=seq.device)
-        else:
-            self.run("get_num_full_blocks_touched", blocks=names)
+        self.run("get_num_full_blocks_touched", blocks=names, **self.alloc_args(seq.device))
 
     def pick_group(self, data: st.DataObject, seqs: List[Seq]) -> List[Seq]:
         """One sequence of ``seqs`` and up to two more on its device: a
