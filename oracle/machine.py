@@ -36,7 +36,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Set, Type, cast
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Set, Type, TypeVar, cast
 
 from hypothesis import event, target
 from hypothesis import strategies as st
@@ -61,6 +61,7 @@ TENANTS = st.sampled_from([None, None, 7])
 #: default recursion limit (1,000), and a few blocks more.
 LONG_POOL = 1_040
 LONG_CHAIN = 1_010
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -247,8 +248,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     def block_size(self) -> int:
         return self.d.trace.block_size
 
-    def pick(self, data: st.DataObject, seqs: List[Seq]) -> Seq:
-        return seqs[data.draw(st.integers(0, len(seqs) - 1), label="which")]
+    def pick(self, data: st.DataObject, items: List[_T], label: str = "which") -> _T:
+        return items[data.draw(st.integers(0, len(items) - 1), label=label)]
 
     def markable(self, seqs: List[Seq]) -> List[Seq]:
         """The sequences of ``seqs`` whose ids ``mark_blocks_as_accessed``
@@ -587,7 +588,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         """Ask how much of a chain (live or long freed) is cached and
         computed; sometimes in a list reused for other chains, rewritten
         in place (the driver's ``_reused_query``)."""
-        names = [n for n in self.pick_history(data) if n in self.d.keys]
+        names = [n for n in self.pick(data, self.history, "chain") if n in self.d.keys]
         slot = data.draw(st.sampled_from([None, 0]), label="reused list")
         self.ask_cached_prefix(names, slot)
 
@@ -673,9 +674,6 @@ class AllocatorMachine(RuleBasedStateMachine):
                 self.run(f"{LAST_ACCESS}.remove_seq", seq_id=seq.serial)
                 self.access_tracked.discard(seq.serial)
                 return
-
-    def pick_history(self, data: st.DataObject) -> List[str]:
-        return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
 
     @machine_rule(data=st.data())
     def common_computed(self, data: st.DataObject) -> None:

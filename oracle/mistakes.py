@@ -395,8 +395,12 @@ def _open(h: Any) -> bool:
 
 # -- the five ways a Block argument can be wrong -------------------------------
 
+def _swapped_names(m: Machine) -> List[str]:
+    return [n for s in m.swapped for n in s.names]
+
+
 def _detached_pool(m: Machine) -> List[str]:
-    return list(m.detached) + [n for s in m.swapped for n in s.names]
+    return list(m.detached) + _swapped_names(m)
 
 
 Arg = Optional[Tuple[Any, Dict[str, Any]]]
@@ -628,22 +632,15 @@ def _on_live(op: str, args: Callable[[str], Dict[str, Any]]) -> Provoke:
 
 # -- ids: marks, queries, free_block_id -------------------------------------------------
 
-def _good_ids(m: Machine) -> List[int]:
-    return [m.handle(n).block_id for n in m.seqs[0].names] if m.seqs else []
-
-
 def _mark(m: Machine, extra_ids: List[Any], now: Any = 1) -> bool:
-    m.run("mark_blocks_as_accessed", block_ids=_good_ids(m) + extra_ids, now=now)
+    """Mark the first sequence's ids (if any) and ``extra_ids`` accessed at ``now``."""
+    good = [m.handle(n).block_id for n in m.seqs[0].names] if m.seqs else []
+    m.run("mark_blocks_as_accessed", block_ids=good + extra_ids, now=now)
     return True
 
 
 def _free_ids(m: Machine) -> List[int]:
     return list(_state(m).free)
-
-
-def _physical(m: Machine, data: st.DataObject) -> bool:
-    m.run("get_physical_block_id", **_kw(m), absolute_id=UNKNOWN_ID)
-    return True
 
 
 # -- swaps ------------------------------------------------------------------------
@@ -681,10 +678,6 @@ def _over_release(m: Machine, data: st.DataObject) -> bool:
     else:
         m.run("swap_out", blocks=[name, other], tamper=tamper)
     return True
-
-
-def _swapped_names(m: Machine) -> List[str]:
-    return [n for s in m.swapped for n in s.names]
 
 
 def _swap_in_repeated(m: Machine, data: st.DataObject) -> bool:
@@ -851,7 +844,8 @@ PROVOKERS: Dict[str, Provoker] = {
     "mark_blocks_as_accessed:now-type": Provoker(_always, lambda m, d: _mark(m, [], "soon")),
     "mark_blocks_as_accessed:now-nan": Provoker(_always,
                                                 lambda m, d: _mark(m, [], float("nan"))),
-    "get_physical_block_id:unknown-id": Provoker(_always, _physical),
+    "get_physical_block_id:unknown-id": Provoker(_always, lambda m, d: bool(
+        m.run("get_physical_block_id", **_kw(m), absolute_id=UNKNOWN_ID))),
     "get_num_free_blocks:device": Provoker(_always, lambda m, d: bool(
         m.run("get_num_free_blocks", device="GPU"))),
     "swap_out:over-release": Provoker(_always, _over_release),
