@@ -791,11 +791,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             if not ids:
                 return
             absolute_id = data.draw(st.sampled_from(ids), label="id")
-            if self.d.kind == "cpu_gpu":
-                device = "GPU" if absolute_id in self.d.model.gpu.all_block_ids else "CPU"
-                self.run(op, device=device, absolute_id=absolute_id)
-            else:
-                self.run(op, absolute_id=absolute_id)
+            gpu = self.d.kind != "cpu_gpu" or absolute_id in self.d.model.gpu.all_block_ids
+            self.run(op, **self.alloc_args("GPU" if gpu else "CPU"), absolute_id=absolute_id)
         elif self.d.kind == "cpu_gpu":
             self.run(op, device=data.draw(st.sampled_from(["GPU", "CPU"])))
         else:
