@@ -234,14 +234,6 @@ def _extract_sdist(version: str, into: Path) -> None:
     (into / "pytest.ini").write_text(_PYTEST_INI, encoding="utf-8")
 
 
-def _pin(version: str) -> vllm_source.Pin:
-    pin = vllm_source.PINS.get(version)
-    if pin is None:
-        raise BlockTestsError(f"vLLM {version!r} is not pinned; pinned versions: "
-                              f"{', '.join(sorted(vllm_source.PINS))}")
-    return pin
-
-
 def tests_root(version: str = "0.8.5") -> Path:
     """The directory holding vLLM ``version``'s block tests as
     ``tests/core/block/``, with ``tests/core/utils.py``, their ``__init__.py``
@@ -251,7 +243,7 @@ def tests_root(version: str = "0.8.5") -> Path:
     from the source archive once (fetching it if need be) and reused.
     Raises BlockTestsError or VllmSourceError when the archive cannot be had
     or read."""
-    pin = _pin(version)
+    pin = vllm_source.pin_of(version)
     stamp = {"suite": SUITE_VERSION, "sdist_sha256": pin.sdist_sha256}
     return vllm_source.cached_directory(
         version, f"block-tests/v{SUITE_VERSION}/sdist", stamp,

@@ -116,11 +116,10 @@ class V1Model:
             raise V1Refusal("", "touched an unknown block")
         if any(self.ref[i] == 0 and i not in self.key_of for i in touched):
             raise V1Refusal("touch:not-cached-free", "touched a free block that is not cached")
-        for i in blocks:
-            if i != NULL_BLOCK:
-                if self.ref[i] == 0:
-                    self.queue.remove(i)
-                self.ref[i] += 1
+        for i in touched:
+            if self.ref[i] == 0:
+                self.queue.remove(i)
+            self.ref[i] += 1
         return self._done(None)
 
     def free_blocks(self, ordered_blocks: Iterable[BlockId], evict_first: bool = False) -> None:

@@ -36,7 +36,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Set, Type, cast
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Set, Type, TypeVar, cast
 
 from hypothesis import event, target
 from hypothesis import strategies as st
@@ -61,6 +61,7 @@ TENANTS = st.sampled_from([None, None, 7])
 #: default recursion limit (1,000), and a few blocks more.
 LONG_POOL = 1_040
 LONG_CHAIN = 1_010
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -247,8 +248,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     def block_size(self) -> int:
         return self.d.trace.block_size
 
-    def pick(self, data: st.DataObject, seqs: List[Seq]) -> Seq:
-        return seqs[data.draw(st.integers(0, len(seqs) - 1), label="which")]
+    def pick(self, data: st.DataObject, items: List[_T], label: str = "which") -> _T:
+        return items[data.draw(st.integers(0, len(items) - 1), label=label)]
 
     def markable(self, seqs: List[Seq]) -> List[Seq]:
         """The sequences of ``seqs`` whose ids ``mark_blocks_as_accessed``
@@ -420,8 +421,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         seq = self.pick(data, self.seqs)
         step = self.run("fork", last_block=seq.names[-1])
         if self.ok():
-            self.seqs.append(Seq(step.out, seq.extra_hash, seq.device))
-            self.history.append(step.out)
+            self._hold(Seq(step.out, seq.extra_hash, seq.device))
 
     @machine_rule(when=lambda self: self.seqs, data=st.data())
     def free(self, data: st.DataObject) -> None:
@@ -535,8 +535,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if not self.ok():
             return
         copy = Seq(step.out, seq.extra_hash, seq.device)
-        self.seqs.append(copy)
-        self.history.append(copy.names)
+        self._hold(copy)
         room = self.handle(copy.names[-1]).num_empty_slots
         tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=room), label="tokens")
         self.run("append_token_ids", block=copy.names[-1], token_ids=tokens)
@@ -553,8 +552,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         if not self.ok():
             return
         copy = Seq(step.out, seq.extra_hash, seq.device)
-        self.seqs.append(copy)
-        self.history.append(copy.names)
+        self._hold(copy)
         self.run("append_token_ids", block=copy.names[0], token_ids=tokens)
 
     @machine_rule(when=lambda self: self.seqs, data=st.data())
@@ -590,7 +588,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         """Ask how much of a chain (live or long freed) is cached and
         computed; sometimes in a list reused for other chains, rewritten
         in place (the driver's ``_reused_query``)."""
-        names = [n for n in self.pick_history(data) if n in self.d.keys]
+        names = [n for n in self.pick(data, self.history, "chain") if n in self.d.keys]
         slot = data.draw(st.sampled_from([None, 0]), label="reused list")
         self.ask_cached_prefix(names, slot)
 
@@ -600,9 +598,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         args: Dict[str, Any] = {"names": names}
         if slot is not None:
             args["reused_list"] = slot
-        if self.d.kind == "cpu_gpu":
-            args["device"] = "GPU"
-        self.run("find_cached_blocks_prefix", **args)
+        self.run("find_cached_blocks_prefix", **args, **self.alloc_args("GPU"))
 
     @machine_rule(when=lambda self: self.history, data=st.data())
     def scheduler_step(self, data: st.DataObject) -> None:
@@ -679,9 +675,6 @@ class AllocatorMachine(RuleBasedStateMachine):
                 self.access_tracked.discard(seq.serial)
                 return
 
-    def pick_history(self, data: st.DataObject) -> List[str]:
-        return self.history[data.draw(st.integers(0, len(self.history) - 1), label="chain")]
-
     @machine_rule(data=st.data())
     def common_computed(self, data: st.DataObject) -> None:
         """The common prefix of some sequences' id lists.  When mistakes are
@@ -702,10 +695,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         """How many of a sequence's full blocks would need an id."""
         seq = self.pick(data, self.seqs)
         names = seq.names + data.draw(st.lists(st.sampled_from(seq.names), max_size=2))
-        if self.d.kind == "cpu_gpu":
-            self.run("get_num_full_blocks_touched", blocks=names, device=seq.device)
-        else:
-            self.run("get_num_full_blocks_touched", blocks=names)
+        self.run("get_num_full_blocks_touched", blocks=names, **self.alloc_args(seq.device))
 
     def pick_group(self, data: st.DataObject, seqs: List[Seq]) -> List[Seq]:
         """One sequence of ``seqs`` and up to two more on its device: a
@@ -801,11 +791,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             if not ids:
                 return
             absolute_id = data.draw(st.sampled_from(ids), label="id")
-            if self.d.kind == "cpu_gpu":
-                device = "GPU" if absolute_id in self.d.model.gpu.all_block_ids else "CPU"
-                self.run(op, device=device, absolute_id=absolute_id)
-            else:
-                self.run(op, absolute_id=absolute_id)
+            gpu = self.d.kind != "cpu_gpu" or absolute_id in self.d.model.gpu.all_block_ids
+            self.run(op, **self.alloc_args("GPU" if gpu else "CPU"), absolute_id=absolute_id)
         elif self.d.kind == "cpu_gpu":
             self.run(op, device=data.draw(st.sampled_from(["GPU", "CPU"])))
         else:

@@ -116,13 +116,13 @@ SPECIAL_OPS = COMPONENT_OPS | {"__init__", "create", "free_block_id", "is_block_
                                "block_is_computed"}
 
 
-def _part(driver: Driver) -> Any:
-    """The allocator whose internals the component rows use."""
-    return driver.sub_allocators()["GPU" if driver.kind == "cpu_gpu" else ""]
-
-
 def _label(driver: Driver) -> str:
     return "GPU" if driver.kind == "cpu_gpu" else ""
+
+
+def _part(driver: Driver) -> Any:
+    """The allocator whose internals the component rows use."""
+    return driver.sub_allocators()[_label(driver)]
 
 
 def _evictor_module(alloc: Any) -> Any:
@@ -186,6 +186,13 @@ def _target_component(driver: Driver, op: str, args: Dict[str, Any]) -> Any:
     return evictor.evict()
 
 
+def _evictor_ids(driver: Driver) -> set[int]:
+    """The ids in the model's evictor (none where the target has no evictor)."""
+    if getattr(_part(driver), "evictor", None) is None:
+        return set()
+    return {e.block_id for e in driver.model_states()[_label(driver)].evictor}
+
+
 def _zero_refs(state: AbstractState, block_id: Any) -> bool:
     block = state.blocks.get(block_id)
     return block is None or block.refcount == 0
@@ -194,8 +201,7 @@ def _zero_refs(state: AbstractState, block_id: Any) -> bool:
 def _model_component(driver: Driver, op: str, args: Dict[str, Any]) -> Any:
     """The exception the spec gives, read off the model's abstract state."""
     state = driver.model_states()[_label(driver)]
-    own_evictor = getattr(_part(driver), "evictor", None) is not None
-    entries = {e.block_id for e in state.evictor} if own_evictor else set()
+    entries = _evictor_ids(driver)
     block_id = args.get("block_id")
     if op == "RefCounter.decr":
         if block_id not in state.block_ids:
@@ -389,8 +395,12 @@ def _open(h: Any) -> bool:
 
 # -- the five ways a Block argument can be wrong -------------------------------
 
+def _swapped_names(m: Machine) -> List[str]:
+    return [n for s in m.swapped for n in s.names]
+
+
 def _detached_pool(m: Machine) -> List[str]:
-    return list(m.detached) + [n for s in m.swapped for n in s.names]
+    return list(m.detached) + _swapped_names(m)
 
 
 Arg = Optional[Tuple[Any, Dict[str, Any]]]
@@ -622,25 +632,15 @@ def _on_live(op: str, args: Callable[[str], Dict[str, Any]]) -> Provoke:
 
 # -- ids: marks, queries, free_block_id -------------------------------------------------
 
-def _good_ids(m: Machine) -> List[int]:
-    return [m.handle(n).block_id for n in m.seqs[0].names] if m.seqs else []
-
-
 def _mark(m: Machine, extra_ids: List[Any], now: Any = 1) -> bool:
-    m.run("mark_blocks_as_accessed", block_ids=_good_ids(m) + extra_ids, now=now)
+    """Mark the first sequence's ids (if any) and ``extra_ids`` accessed at ``now``."""
+    good = [m.handle(n).block_id for n in m.seqs[0].names] if m.seqs else []
+    m.run("mark_blocks_as_accessed", block_ids=good + extra_ids, now=now)
     return True
 
 
 def _free_ids(m: Machine) -> List[int]:
     return list(_state(m).free)
-
-
-def _physical(m: Machine, data: st.DataObject) -> bool:
-    if m.d.kind == "cpu_gpu":
-        m.run("get_physical_block_id", device="GPU", absolute_id=UNKNOWN_ID)
-    else:
-        m.run("get_physical_block_id", absolute_id=UNKNOWN_ID)
-    return True
 
 
 # -- swaps ------------------------------------------------------------------------
@@ -678,10 +678,6 @@ def _over_release(m: Machine, data: st.DataObject) -> bool:
     else:
         m.run("swap_out", blocks=[name, other], tamper=tamper)
     return True
-
-
-def _swapped_names(m: Machine) -> List[str]:
-    return [n for s in m.swapped for n in s.names]
 
 
 def _swap_in_repeated(m: Machine, data: st.DataObject) -> bool:
@@ -799,14 +795,8 @@ def _component(possible: Possible, make: Callable[[Machine, st.DataObject],
     return Provoker(lambda m: components_reachable(m.d) and possible(m), provoke)
 
 
-def _evictor_ids(m: Machine) -> set[int]:
-    if getattr(_part(m.d), "evictor", None) is None:
-        return set()
-    return {e.block_id for e in _state(m).evictor}
-
-
 def _not_in_evictor(m: Machine, data: st.DataObject) -> Tuple[str, Dict[str, Any]]:
-    ids = [i for i in _state(m).block_ids if i not in _evictor_ids(m)] + [UNKNOWN_ID]
+    ids = [i for i in _state(m).block_ids if i not in _evictor_ids(m.d)] + [UNKNOWN_ID]
     block_id = _draw(data, ids, "id")
     if data.draw(st.booleans(), label="update"):
         return "LRUEvictor.update", {"block_id": block_id, "last_accessed": 1.0}
@@ -854,7 +844,8 @@ PROVOKERS: Dict[str, Provoker] = {
     "mark_blocks_as_accessed:now-type": Provoker(_always, lambda m, d: _mark(m, [], "soon")),
     "mark_blocks_as_accessed:now-nan": Provoker(_always,
                                                 lambda m, d: _mark(m, [], float("nan"))),
-    "get_physical_block_id:unknown-id": Provoker(_always, _physical),
+    "get_physical_block_id:unknown-id": Provoker(_always, lambda m, d: bool(
+        m.run("get_physical_block_id", **_kw(m), absolute_id=UNKNOWN_ID))),
     "get_num_free_blocks:device": Provoker(_always, lambda m, d: bool(
         m.run("get_num_free_blocks", device="GPU"))),
     "swap_out:over-release": Provoker(_always, _over_release),
@@ -887,7 +878,7 @@ PROVOKERS: Dict[str, Provoker] = {
         _always, lambda m, d: (f"ReadOnlyRefCounter.{_draw(d, ['incr', 'decr'], 'op')}",
                                {"block_id": _draw(d, list(_state(m).block_ids), "id")})),
     "LRUEvictor.remove/update:absent": _component(_always, _not_in_evictor),
-    "LRUEvictor.evict:empty": _component(lambda m: not _evictor_ids(m),
+    "LRUEvictor.evict:empty": _component(lambda m: not _evictor_ids(m.d),
                                          lambda m, d: ("LRUEvictor.evict", {})),
     "make_evictor:policy": _component(
         _always, lambda m, d: ("make_evictor", {"eviction_policy": _draw(

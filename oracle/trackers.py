@@ -17,7 +17,7 @@ with its tokens, extra hash and prefill flag in the step itself.
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from ..model.trackers import CachedTokensModel, LastAccessModel
 
@@ -94,15 +94,9 @@ def make_trackers(kind: str, allocator: Any, parts: List[Any], model: Any,
     return Trackers(classes, allocator, model, block_size)
 
 
-def split(op: str) -> Tuple[str, str]:
-    """(helper, method) of a tracker step's op."""
-    helper, _, method = op.partition(".")
-    return helper, method
-
-
 def call_tracker(trackers: Trackers, side: str, op: str, args: Dict[str, Any]) -> Any:
     """Run the tracker step ``op`` with ``args`` on ``side``."""
-    helper, method = split(op)
+    helper, _, method = op.partition(".")
     obj = trackers.sides[side][helper]
     if method == "get_num_cached_tokens":
         if side == "target":

@@ -42,6 +42,7 @@ from .targets import Target
 from .trace import Step, Trace
 from .v1_targets import V1_KIND, null_block_of, takes_evict_first
 from .violations import Violation
+from .vllm_v1_source import repr_sha256
 
 #: The hash of "no parent" for the chains the oracle makes (any fixed bytes
 #: serve: the pool keys by the caller's hashes and never recomputes them).
@@ -54,19 +55,13 @@ V1_API_EXCEPTIONS: Tuple[type, ...] = (ValueError,)
 _MEANINGS: Dict[str, str] = {inv.name: inv.meaning.replace("``", "") for inv in V1_INVARIANTS}
 
 
-def v1_hash(value: Any) -> bytes:
-    """The hash function of the oracle's chains: SHA-256 of ``repr(value)``."""
-    import hashlib
-
-    return hashlib.sha256(repr(value).encode()).digest()
-
-
 def chain(tokens: Sequence[Sequence[int]], salt: Optional[str]
           ) -> Tuple[List[BlockHash], Dict[BlockHash, HashedContent]]:
     """The block hashes of the chain ``tokens`` (one entry per hash block)
-    under ``salt``, and what each hash stands for."""
+    under ``salt``, made with :func:`~.vllm_v1_source.repr_sha256`, and what
+    each hash stands for."""
     blocks = [tuple(t) for t in tokens]
-    hashes = chain_hashes(v1_hash, NONE_HASH, blocks, salt)
+    hashes = chain_hashes(repr_sha256, NONE_HASH, blocks, salt)
     return hashes, {h: (salt, tuple(blocks[:k + 1])) for k, h in enumerate(hashes)}
 
 
@@ -118,7 +113,8 @@ class V1Driver:
         self.trace = Trace(num_blocks=num_blocks, block_size=block_size, kind=V1_KIND,
                            target=target.name, strict=True, semantics=semantics.to_json())
         self._op = "__init__"
-        self.pool = self._guard(lambda: target.make(num_blocks, block_size))
+        self.pool = self._guard("construct the target",
+                                lambda: target.make(num_blocks, block_size))
         self.model = V1Model(num_blocks, block_size, check_invariants=check_model)
         #: id -> the target's block object, for every block it has shown
         self.objects: Dict[int, Any] = {}
@@ -135,23 +131,13 @@ class V1Driver:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _event(self, label: str) -> None:
-        self.events[label] += 1
-        self.step_events.append(label)
-
-    #: v0's driver's: a violation at this step; a call under the call timeout
+    #: v0's driver's: count a coverage label; a violation at this step; a call
+    #: under the call timeout; one outside any step, a crash of it a violation
+    _event: Callable[..., None] = cast(Any, Driver._event)
     _step_no: Callable[..., int] = cast(Any, Driver._step_no)
     _fail: Callable[..., Violation] = cast(Any, Driver._fail)
     _timed: Callable[..., Any] = cast(Any, Driver._timed)
-
-    def _guard(self, call: Callable[[], Any]) -> Any:
-        try:
-            return self._timed(call)
-        except Violation:
-            raise
-        except Exception as exc:
-            raise self._fail("crash", f"construct the target: {type(exc).__name__}: {exc}",
-                             f"raised-{type(exc).__name__}") from exc
+    _guard: Callable[..., Any] = cast(Any, Driver._guard)
 
     def can_name(self, block_id: int) -> bool:
         """Whether the driver can hand the target block ``block_id``."""

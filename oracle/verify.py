@@ -285,7 +285,10 @@ def check_all(functions: Sequence[Contracted], options: Options, max_seconds: fl
         for future in futures:
             outcome = future.result()
             outcomes.append(outcome)
-            _emit(describe(outcome), report)
+            text = describe(outcome)
+            if report is not None:
+                report.append(text)
+            print(text, flush=True)
     return outcomes
 
 
@@ -311,12 +314,6 @@ def summary(outcomes: Sequence[Outcome], seconds: float) -> str:
     if counts.get(NOT_REACHED):
         line += "\nwarning: the time bound (--max-seconds) cut the run short"
     return line
-
-
-def _emit(text: str, report: Optional[List[str]]) -> None:
-    if report is not None:
-        report.append(text)
-    print(text, flush=True)
 
 
 def crosshair_version() -> Optional[str]:
