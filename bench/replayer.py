@@ -325,10 +325,16 @@ class Machine:
         nothing: List[int] = []
         cursor = iter(instructions)
         ncached = self.ncached
+        # the opcodes as locals (a local costs less to read than a global), and
+        # the branches in the order of how often a replay takes them
+        free_decode, decode, sched1, access, find, free_count, mark, common_op = (
+            FREE_DECODE, DECODE, SCHED1, ACCESS, FIND_CACHED, FREE_COUNT, MARK_COMPUTED,
+            COMMON)
+        alloc_mut_op, free_seq = ALLOC_MUT, FREE_SEQ
         try:
             for op, seq, x, y in cursor:
-                if op == FREE_DECODE or op == DECODE:
-                    if op == FREE_DECODE:
+                if op == free_decode or op == decode:
+                    if op == free_decode:
                         answer(num_free())
                     block = blocks[seq][-1]
                     block.append_token_ids(x)
@@ -337,38 +343,38 @@ class Machine:
                         ids[seq][-1] = block_id
                         out(block_id)
                     clear_cows()
-                elif op == SCHED1:
+                elif op == sched1:
                     known = hashes[seq]
                     if len(known) != y:
                         known.extend(x[len(known):y])
                     common([ids[seq][:len(find_cached(known))]])
-                elif op == MARK_COMPUTED:
-                    for _ in range(x):
-                        mark_computed(nothing)
-                elif op == FIND_CACHED:
+                elif op == access:
+                    mark_accessed(ids[seq], x)
+                elif op == find:
                     known = hashes[seq]
                     if len(known) != y:
                         known.extend(x[len(known):y])
                     ncached[seq] = len(find_cached(known))
-                elif op == COMMON:
-                    common([ids[s][:ncached[s]] for s in x])
-                elif op == FREE_COUNT:
+                elif op == free_count:
                     answer(num_free())
-                elif op == ALLOC_MUT:
+                elif op == mark:
+                    for _ in range(x):
+                        mark_computed(nothing)
+                elif op == common_op:
+                    common([ids[s][:ncached[s]] for s in x])
+                elif op == alloc_mut_op:
                     chain = blocks[seq]
                     block = alloc_mut(chain[-1] if chain else None, x)
                     chain.append(block)
                     block_id = block.block_id
                     ids[seq].append(block_id)
                     out(block_id)
-                elif op == FREE_SEQ:
+                elif op == free_seq:
                     for block in blocks[seq]:
                         free(block)
                     blocks[seq] = []
                     ids[seq] = []
                     hashes[seq] = []
-                elif op == ACCESS:
-                    mark_accessed(ids[seq], x)
                 else:
                     self._step(op, seq, x, y)
         except Exception as exc:

@@ -25,19 +25,22 @@ RefCount = int
 class BlockFields(Block):
     """The Block properties both Block classes read off the same slots."""
 
-    __slots__ = ("_prev_block", "_token_ids", "_block_size", "_block_id")
+    # ``block_id`` is a plain slot, not a property: reading it (every caller
+    # does, after each allocation and append) costs no Python call.
+    __slots__ = ("_prev_block", "_token_ids", "_block_size", "block_id")
     _prev_block: Optional[Block]
     _token_ids: List[int]
     _block_size: int
-    _block_id: Optional[int]
+    block_id: Optional[int]
 
     @property
-    def block_id(self) -> Optional[int]:
-        return self._block_id
+    def _block_id(self) -> Optional[int]:
+        """The same as ``block_id`` (the name it had as a private slot)."""
+        return self.block_id
 
-    @block_id.setter
-    def block_id(self, value: Optional[int]) -> None:
-        self._block_id = value
+    @_block_id.setter
+    def _block_id(self, value: Optional[int]) -> None:
+        self.block_id = value
 
     @property
     def is_full(self) -> bool:

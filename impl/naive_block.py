@@ -373,7 +373,7 @@ class NaiveBlock(BlockFields):
         self._token_ids: List[int] = list(token_ids)
         self._block_size = block_size
         self._allocator = allocator
-        self._block_id = block_id
+        self.block_id = block_id
         self._cow_target = _cow_target if _cow_target is not None else self
 
     def _rebind_allocator(self, allocator: BlockAllocator) -> None:
@@ -385,8 +385,8 @@ class NaiveBlock(BlockFields):
         if not token_ids:
             return
         check_token_ids(token_ids, self._block_size - len(self._token_ids))
-        if self._block_id is not None:
-            self._block_id = self._allocator.cow_block_if_not_appendable(self._cow_target)
+        if self.block_id is not None:
+            self.block_id = self._allocator.cow_block_if_not_appendable(self._cow_target)
         self._token_ids.extend(token_ids)
 
     @property

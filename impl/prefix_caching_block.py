@@ -269,6 +269,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._pool_blocks = self._block_pool._pool
         # The cached-and-computed prefixes of the hash lists asked about (told of every eviction).
         self._prefix_memo = PrefixMemo()
+        self._memo_entries = self._prefix_memo._entries  # lives as long as the memo
         self._pool_free_slots = self._block_pool._free_ids
 
     def _create_block(
@@ -306,7 +307,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         (``free`` and ``cow_block_if_not_appendable`` inline the passing case.)"""
         if not isinstance(block, PrefixCachingBlock):
             raise WrongTypeError(f"expected a PrefixCachingBlock, got {type(block).__name__}")
-        block_id = block._block_id
+        block_id = block.block_id
         if block_id is None:
             raise DetachedBlockError("the block holds no id (freed or never allocated)")
         if block._allocator is not self:
@@ -620,7 +621,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         block: PrefixCachingBlock = self._pool_blocks[slots.popleft()]  # type: ignore[assignment]
         block._prev_block = prev_block  # checked by the caller
         block._token_ids = list(token_ids)
-        block._block_id = block_id
+        block.block_id = block_id
         block._extra_hash = extra_hash
         block._computed = False
         block._last_accessed = _DEFAULT_LAST_ACCESSED_TIME
@@ -782,7 +783,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         losing one reference and ``block`` moved to the new id.  All or
         nothing: NoFreeBlocksError leaves ``block`` on its old id."""
         if isinstance(block, PrefixCachingBlock) and block._allocator is self:
-            src = block._block_id
+            src = block.block_id
             if src is not None and self._refcounts.get(src) == 1:
                 return src
         src = self._check_owned(block)
@@ -812,13 +813,13 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         immutable id becomes evictable (still cached) and a mutable id free.
         The Block object returns to the pool unless ``keep_block_object``."""
         if isinstance(block, PrefixCachingBlock) and block._allocator is self:
-            block_id = block._block_id
+            block_id = block.block_id
             if block_id is None or not self._refcounts.get(block_id):
                 block_id = self._check_owned(block)  # raises
         else:
             block_id = self._check_owned(block)  # raises or returns
         self._release_block(block, block_id)  # type: ignore[arg-type]
-        block._block_id = None  # type: ignore[attr-defined]
+        block.block_id = None
         if not keep_block_object:
             slot = getattr(block, "pool_id", None)
             pooled = self._pool_blocks
@@ -837,7 +838,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         prev: Optional[PrefixCachingBlock] = None
         for block in chain:
             source: PrefixCachingBlock = block  # type: ignore[assignment]
-            block_id: BlockId = source._block_id  # type: ignore[assignment]
+            block_id: BlockId = source.block_id  # type: ignore[assignment]
             self._refcounts[block_id] += 1
             prev = self._pooled_block(prev, source._token_ids, block_id, source._extra_hash)
             prev._cached_content_hash = source._cached_content_hash
@@ -925,19 +926,26 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         :mod:`prefixcache.impl.prefix_memo`).  WrongTypeError unless it is
         a list or tuple of hashable values."""
         memo = self._prefix_memo
-        entry = memo._entries.get(id(block_hashes))
+        entry = self._memo_entries.get(id(block_hashes))
         try:
             if entry is not None and block_hashes == entry.snapshot:
                 # PrefixMemo.find's most common case, inline: the list is
                 # unchanged, so its remembered prefix stands (evictions cut it
-                # as they happen), and only hashes after it can extend it.
-                if entry.length == len(block_hashes):
+                # as they happen), and only hashes after it can extend it;
+                # when the next hash is not cached and computed, none does.
+                length = entry.length
+                if length == len(block_hashes):
                     return block_hashes[:]
+                block_id = self._cached_blocks.get(block_hashes[length])
+                if block_id is None or block_id in self._touched_blocks:
+                    return block_hashes[:length]
                 return memo.extend(entry, block_hashes, self._cached_blocks,
                                    self._touched_blocks)
             if isinstance(block_hashes, (list, tuple)):
                 return memo.find(block_hashes, self._cached_blocks, self._touched_blocks)
         except TypeError as exc:
+            # a scan that stopped half-way left the memo's index half-made: start over
+            memo.clear()
             raise WrongTypeError(f"block_hashes must be a list of ints: {exc}") from exc
         raise WrongTypeError(
             f"block_hashes must be a list of ints, got {type(block_hashes).__name__}")
@@ -1111,7 +1119,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     def _adopt(self, block: Block, block_id: BlockId) -> None:
         """Attach the swapped-in ``block`` to ``block_id``; it becomes this
         allocator's (and its pool's)."""
-        block._block_id = block_id  # type: ignore[attr-defined]
+        block.block_id = block_id
         self._block_pool.adopt(block)
         block._allocator = self  # type: ignore[attr-defined]
 
@@ -1172,7 +1180,7 @@ class PrefixCachingBlock(BlockFields):
         self._token_ids: List[int] = list(token_ids)
         self._block_size = block_size
         self._allocator = allocator
-        self._block_id = block_id
+        self.block_id = block_id
         self._extra_hash = extra_hash
         self._computed = computed
         self._last_accessed: float = _DEFAULT_LAST_ACCESSED_TIME
@@ -1204,7 +1212,7 @@ class PrefixCachingBlock(BlockFields):
                 and not self._computed and type(token_ids[0]) is int):
             # One token into a block that stays non-full (so has no hash), which
             # this Block alone references: nothing to copy, nothing to promote.
-            block_id = self._block_id
+            block_id = self.block_id
             allocator = self._allocator
             if block_id is None or (type(allocator) is PrefixCachingBlockAllocator
                                     and allocator._refcounts.get(block_id) == 1):
@@ -1219,14 +1227,14 @@ class PrefixCachingBlock(BlockFields):
             return
         check_token_ids(token_ids, size - used)
         count = len(token_ids)
-        if self._block_id is not None:
-            self._block_id = self._allocator.cow_block_if_not_appendable(self)
+        if self.block_id is not None:
+            self.block_id = self._allocator.cow_block_if_not_appendable(self)
         tokens.extend(token_ids)
         self._num_tokens_total += count
         if used + count == size:
             self._settle_hashability()
-            if self._block_id is not None and self.content_hash is not None:
-                self._block_id = self._allocator.promote_to_immutable_block(self)
+            if self.block_id is not None and self.content_hash is not None:
+                self.block_id = self._allocator.promote_to_immutable_block(self)
 
     @property
     def content_hash(self) -> Optional[int]:

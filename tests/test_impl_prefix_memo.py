@@ -242,3 +242,30 @@ def test_anything_but_a_list_or_tuple_is_a_wrong_type(argument: object) -> None:
     allocator = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
     with pytest.raises(WrongTypeError):
         allocator.find_cached_blocks_prefix(argument)  # type: ignore[arg-type]
+
+
+def test_an_unhashable_hash_at_the_remembered_end_is_a_wrong_type_every_time() -> None:
+    """A list whose scan reaches an unhashable element raises WrongTypeError
+    each time it is asked about (the memo starts over, so nothing is left
+    half-remembered), and once the element is replaced the answer is the
+    definition's; so is a remembered list whose next hash is not cached,
+    touched, or cached and computed."""
+    from prefixcache.impl.errors import WrongTypeError
+
+    a = PrefixCachingBlockAllocator(num_blocks=4, block_size=2)
+    first = a.allocate_immutable_blocks(None, [[1, 2]])
+    a.mark_blocks_as_computed([])
+    second_hash = a.content_hash_function(first[0].content_hash, [3, 4], None)
+    hashes = [first[0].content_hash, [5]]
+    for _ in range(2):
+        with pytest.raises(WrongTypeError):
+            a.find_cached_blocks_prefix(hashes)  # type: ignore[arg-type]
+    hashes[1] = second_hash
+    assert a.find_cached_blocks_prefix(hashes) == hashes[:1]  # type: ignore[arg-type]
+    assert a.find_cached_blocks_prefix(hashes) == hashes[:1]  # type: ignore[arg-type]
+    second = a.allocate_immutable_blocks(first[0], [[3, 4]])
+    assert second[0].content_hash == second_hash
+    assert a.find_cached_blocks_prefix(hashes) == hashes[:1]  # type: ignore[arg-type]  # touched
+    a.mark_blocks_as_computed([])
+    assert a.find_cached_blocks_prefix(hashes) == hashes  # type: ignore[arg-type]
+    assert a.find_cached_blocks_prefix(hashes) == hashes  # type: ignore[arg-type]
