@@ -724,8 +724,9 @@ def smoke(args: argparse.Namespace) -> int:
     """The CI smoke: :data:`SMOKE_MUTANTS` with a 3 s budget, judged by the
     oracle and by :data:`SMOKE_TESTS`, results and report in a scratch
     directory (or where ``--results``/``--output`` say)."""
-    scratch = Path(tempfile.mkdtemp(prefix="vllm-mutation-smoke-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="vllm-mutation-smoke-",
+                                     ignore_cleanup_errors=True) as tmp:
+        scratch = Path(tmp)
         if args.results == RESULTS:
             args.results = scratch / "vllm_mutation.json"
         if args.output == REPORT:
@@ -735,8 +736,6 @@ def smoke(args: argparse.Namespace) -> int:
                         SMOKE_TESTS)
         print(args.output.read_text(encoding="utf-8"))
         return code
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
