@@ -522,13 +522,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write every figure as JSON to PATH")
 
 
-def _config(args: argparse.Namespace, num_blocks: int) -> WorkloadConfig:
-    return WorkloadConfig(num_blocks=num_blocks, block_size=args.block_size,
-                          max_running=args.running, num_requests=args.requests,
-                          seed=args.seed,
-                          access_heavy=args.workload == ACCESS_HEAVY)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe; print it; 0, 1 or 2."""
     console = _console()
@@ -539,7 +532,10 @@ def run(args: argparse.Namespace) -> int:
         pools = [("roomy", args.blocks)]
         if args.tight_blocks:
             pools.append(("tight", args.tight_blocks))
-        configs = [(name, _config(args, blocks)) for name, blocks in pools]
+        configs = [(name, WorkloadConfig(
+            num_blocks=blocks, block_size=args.block_size, max_running=args.running,
+            num_requests=args.requests, seed=args.seed,
+            access_heavy=args.workload == ACCESS_HEAVY)) for name, blocks in pools]
         for _, config in configs:
             config.validate()
         if args.repeats < 1:

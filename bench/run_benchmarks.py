@@ -162,17 +162,6 @@ print(json.dumps({name: min(timeit.repeat(lambda: o.f(1), number=n, repeat=5)) /
 """
 
 
-def _wrapper_cost() -> Optional[Dict[str, float]]:
-    """ns per call of a method plain, under icontract and under a plain
-    wrapper (a fresh process); None when it failed."""
-    proc = _python("-c", _WRAPPER_CHILD)
-    if proc.returncode != 0:
-        print(proc.stderr, file=sys.stderr)
-        return None
-    costs: Dict[str, float] = json.loads(proc.stdout)
-    return costs
-
-
 def _checked_section(checked: Optional[Dict[str, Any]],
                      wrapper: Optional[Dict[str, float]]) -> List[str]:
     """The incremental checked mode against the plain allocator: the
@@ -565,12 +554,6 @@ def _oracle_section(speed: Optional[Dict[str, Any]], skipped: str = "") -> List[
     return lines + [""]
 
 
-def _written_at(kept: Path) -> datetime.datetime:
-    """When a kept run wrote its last file: the time of its results."""
-    newest = max(path.stat().st_mtime for path in kept.iterdir())
-    return datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)
-
-
 def render(docs: Dict[str, Any], quick: bool, short: bool = False,
            recorded: Optional[datetime.datetime] = None) -> str:
     """The text of RESULTS.md from a run's documents, each by the name of the
@@ -687,9 +670,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
             return 1
         run_kept = docs.get("run") or {}
-        Path(args.out).write_text(render(docs, run_kept.get("quick", args.quick),
-                                         run_kept.get("short", args.short),
-                                         _written_at(kept)) + "\n")
+        newest = max(path.stat().st_mtime for path in kept.iterdir())  # the results' time
+        Path(args.out).write_text(render(
+            docs, run_kept.get("quick", args.quick), run_kept.get("short", args.short),
+            datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -729,9 +713,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "--repeats", "1", "--no-latency", "--clock", "cpu", "--scaling",
                               "--scaling-against", "--scaling-sizes", pools],
                   {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "incremental"})
-            wrapper = _wrapper_cost()
-            if wrapper is not None:
-                keep("wrapper", wrapper)
+            proc = _python("-c", _WRAPPER_CHILD)
+            if proc.returncode != 0:
+                print(proc.stderr, file=sys.stderr)
+            else:
+                keep("wrapper", json.loads(proc.stdout))
         if not args.short:
             valgrind = shutil.which("valgrind") is not None
             if valgrind:
