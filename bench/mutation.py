@@ -390,12 +390,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if MUTANTS.exists():
                 shutil.rmtree(MUTANTS)
             generate(args.max_children)
-            if not args.all:
-                marked = mark_equivalents(load_equivalents())
-                print(f"{marked} mutants listed as equivalent in bench/MUTATION.md: not run")
-        elif not args.all:
-            marked = mark_equivalents(load_equivalents(), only_unchecked=True)
-            print(f"{marked} more mutants listed as equivalent in bench/MUTATION.md: not run")
+        if not args.all:
+            marked = mark_equivalents(load_equivalents(), only_unchecked=args.resume)
+            print(f"{marked} {'more ' if args.resume else ''}mutants listed as equivalent in "
+                  "bench/MUTATION.md: not run")
         if names:  # mutmut re-runs every mutant it is named: name only those not killed yet
             names = [m.name for m in load_results() if m.status not in KILLED | {"skipped"}
                      and any(fnmatch.fnmatchcase(m.name, pattern) for pattern in names)]

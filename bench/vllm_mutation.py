@@ -677,10 +677,8 @@ def campaign(args: argparse.Namespace, command: str, names: Sequence[str],
     repaired = vllm_source.source_tree(VERSION, repairs)
     population = [mutant for path in FILES for mutant in
                   mutants_of(path, (repaired / "vllm" / path).read_text(encoding="utf-8"))]
-    if names:
-        chosen = [m for m in population if m.name in names]
-    else:
-        chosen = sample(population, args.sample, args.seed)
+    chosen = ([m for m in population if m.name in names] if names
+              else sample(population, args.sample, args.seed))
     print(f"{len(population)} mutants of {', '.join(FILES)}; {len(chosen)} chosen", flush=True)
     test_timeout = 120.0
     if data["baseline"] is None or args.rejudge_oracle:  # a new oracle: a new baseline
