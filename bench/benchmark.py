@@ -140,31 +140,23 @@ class ScalingRow:
 # -- targets ---------------------------------------------------------------------------
 
 
-def vllm_target(cache_dir: Optional[str] = None) -> Target:
-    """vLLM 0.8.5's PrefixCachingBlockAllocator as a target (vllm_source.load);
-    ``cache_dir``, if given, becomes this process's $PREFIXCACHE_VLLM_CACHE."""
-    if cache_dir:
-        os.environ[vllm_source.CACHE_ENV] = cache_dir
-    target = resolve_target("vllm==0.8.5")
-    return replace(target, name="vllm-0.8.5:PrefixCachingBlockAllocator")
-
-
-def verify_content_target() -> Target:
-    """prefixcache.impl's PrefixCachingBlockAllocator with ``verify_content=True``."""
-    from ..impl.prefix_caching_block import PrefixCachingBlockAllocator
-
-    return Target(name="prefixcache.impl (verify_content=True)", kind="prefix",
-                  build=lambda n, size: PrefixCachingBlockAllocator(
-                      num_blocks=n, block_size=size, verify_content=True))
-
-
 def load_target(name: Optional[str], vllm_cache: Optional[str] = None) -> Target:
-    """The target ``name`` names (``vllm``, ``verify-content``, ``MODULE:CLASS``
-    or None for prefixcache.impl).  Raises TargetError."""
+    """The target ``name`` names: ``vllm`` (vLLM 0.8.5's allocator, by
+    vllm_source.load; ``vllm_cache``, if given, becomes this process's
+    $PREFIXCACHE_VLLM_CACHE), ``verify-content`` (prefixcache.impl's with
+    ``verify_content=True``), ``MODULE:CLASS`` or None for prefixcache.impl.
+    Raises TargetError."""
     if name == VLLM:
-        return vllm_target(vllm_cache)
+        if vllm_cache:
+            os.environ[vllm_source.CACHE_ENV] = vllm_cache
+        return replace(resolve_target("vllm==0.8.5"),
+                       name="vllm-0.8.5:PrefixCachingBlockAllocator")
     if name == VERIFY_CONTENT:
-        return verify_content_target()
+        from ..impl.prefix_caching_block import PrefixCachingBlockAllocator
+
+        return Target(name="prefixcache.impl (verify_content=True)", kind="prefix",
+                      build=lambda n, size: PrefixCachingBlockAllocator(
+                          num_blocks=n, block_size=size, verify_content=True))
     target = resolve_target(name)
     check_allocator(target)
     if target.kind != "prefix":
@@ -530,13 +522,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write every figure as JSON to PATH")
 
 
-def _config(args: argparse.Namespace, num_blocks: int) -> WorkloadConfig:
-    return WorkloadConfig(num_blocks=num_blocks, block_size=args.block_size,
-                          max_running=args.running, num_requests=args.requests,
-                          seed=args.seed,
-                          access_heavy=args.workload == ACCESS_HEAVY)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark the options describe; print it; 0, 1 or 2."""
     console = _console()
@@ -547,7 +532,10 @@ def run(args: argparse.Namespace) -> int:
         pools = [("roomy", args.blocks)]
         if args.tight_blocks:
             pools.append(("tight", args.tight_blocks))
-        configs = [(name, _config(args, blocks)) for name, blocks in pools]
+        configs = [(name, WorkloadConfig(
+            num_blocks=blocks, block_size=args.block_size, max_running=args.running,
+            num_requests=args.requests, seed=args.seed,
+            access_heavy=args.workload == ACCESS_HEAVY)) for name, blocks in pools]
         for _, config in configs:
             config.validate()
         if args.repeats < 1:

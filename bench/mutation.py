@@ -214,20 +214,6 @@ def run_mutmut(max_children: int, names: Sequence[str], log: Path) -> int:
         return proc.wait()
 
 
-def match(survivors: List[Mutant], equivalents: List[Equivalent],
-          diffs: Dict[str, str]) -> Tuple[Dict[str, Equivalent], List[Mutant]]:
-    listed: Dict[str, Equivalent] = {}
-    unexplained = []
-    for m in survivors:
-        e = equivalent_of(m.name, diffs[m.name], equivalents)
-        if e is None:
-            unexplained.append(m)
-        else:
-            e.matched.append(m.name)
-            listed[m.name] = e
-    return listed, unexplained
-
-
 def skeleton(m: Mutant, diff: str) -> str:
     body = "\n".join(line for line in diff.splitlines() if line[:1] in "+-")
     return f"### `{m.name}`\n\n```diff\n{body}\n```\n\nEquivalent: TODO (why no test can tell).\n"
@@ -244,7 +230,15 @@ def report(mutants: List[Mutant], args: argparse.Namespace, seconds: Optional[fl
     survivors = [m for m in mutants if m.status not in KILLED and m.status != "not checked"]
     diffs = {m.name: diff_of(m) for m in survivors}
     equivalents = load_equivalents()
-    listed, unexplained = match(survivors, equivalents, diffs)
+    listed: Dict[str, Equivalent] = {}
+    unexplained = []
+    for m in survivors:
+        e = equivalent_of(m.name, diffs[m.name], equivalents)
+        if e is None:
+            unexplained.append(m)
+        else:
+            e.matched.append(m.name)
+            listed[m.name] = e
 
     print()
     print(f"mutants: {total}  " + ", ".join(f"{s} {n}" for s, n in counts.most_common()))
@@ -350,8 +344,9 @@ def write_figures(text: str, path: Path = EQUIVALENTS) -> None:
 def smoke(args: argparse.Namespace) -> int:
     """A scratch copy of the project in which only SMOKE_SOURCE is mutated and
     only SMOKE_TESTS judge; runs the mutants SMOKE_MUTANTS there, reports them."""
-    scratch = Path(tempfile.mkdtemp(prefix="prefixcache-mutation-smoke-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="prefixcache-mutation-smoke-",
+                                     ignore_cleanup_errors=True) as tmp:
+        scratch = Path(tmp)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
         for name in ("impl", "spec", "model", "oracle", "prefixcache", "tests", "bench"):
             shutil.copytree(ROOT / name, scratch / name, symlinks=True, ignore=ignore)
@@ -367,8 +362,6 @@ def smoke(args: argparse.Namespace) -> int:
         cmd = [sys.executable, str(scratch / "bench" / "mutation.py"),
                "--max-children", str(args.max_children), "--min-score", "0", SMOKE_MUTANTS]
         return subprocess.call(cmd, cwd=scratch)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -397,12 +390,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if MUTANTS.exists():
                 shutil.rmtree(MUTANTS)
             generate(args.max_children)
-            if not args.all:
-                marked = mark_equivalents(load_equivalents())
-                print(f"{marked} mutants listed as equivalent in bench/MUTATION.md: not run")
-        elif not args.all:
-            marked = mark_equivalents(load_equivalents(), only_unchecked=True)
-            print(f"{marked} more mutants listed as equivalent in bench/MUTATION.md: not run")
+        if not args.all:
+            marked = mark_equivalents(load_equivalents(), only_unchecked=args.resume)
+            print(f"{marked} {'more ' if args.resume else ''}mutants listed as equivalent in "
+                  "bench/MUTATION.md: not run")
         if names:  # mutmut re-runs every mutant it is named: name only those not killed yet
             names = [m.name for m in load_results() if m.status not in KILLED | {"skipped"}
                      and any(fnmatch.fnmatchcase(m.name, pattern) for pattern in names)]

@@ -113,17 +113,13 @@ def part_of(filename: str) -> str:
                 "python and the rest")
 
 
-def fuzz_argv(key: str, seconds: float, seed: int) -> List[str]:
-    """The ``prefixcache fuzz`` options of target ``key``'s speed campaign."""
-    return [*TARGETS[key][1], "--seconds", str(seconds), "--seed", str(seed), "--quiet",
-            "--max-findings", str(MAX_FINDINGS)]
-
-
 def fuzz_args(key: str, seconds: float, seed: int) -> argparse.Namespace:
-    """:func:`fuzz_argv` parsed as ``prefixcache fuzz`` parses it."""
+    """The ``prefixcache fuzz`` options of target ``key``'s speed campaign,
+    parsed as ``prefixcache fuzz`` parses them."""
     parser = argparse.ArgumentParser()
     campaign.add_arguments(parser)
-    return parser.parse_args(fuzz_argv(key, seconds, seed))
+    return parser.parse_args([*TARGETS[key][1], "--seconds", str(seconds), "--seed", str(seed),
+                              "--quiet", "--max-findings", str(MAX_FINDINGS)])
 
 
 def speed_of(key: str, outcome: Outcome, cpu_seconds: float) -> Speed:

@@ -70,38 +70,31 @@ from prefixcache.oracle.targets import DEFAULT_TARGET as PLAIN
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _bench(args: Sequence[str], json_path: Path, env: Dict[str, str]) -> Dict[str, Any]:
-    """Run one ``prefixcache bench`` in a child process; return its JSON."""
-    command = [sys.executable, "-m", "prefixcache.bench.benchmark", *args, "--json", str(json_path)]
-    print("$", _shown(args, env), flush=True)
-    proc = subprocess.run(command, env={**os.environ, **env}, cwd=ROOT)
-    if proc.returncode not in (0, 1) or not json_path.is_file():
-        raise RuntimeError(f"the benchmark failed (exit {proc.returncode}): {command}")
-    document: Dict[str, Any] = json.loads(json_path.read_text())
-    document["exit_code"] = proc.returncode
-    document["shown_command"] = _shown(args, env)
-    json_path.write_text(json.dumps(document, indent=2) + "\n")  # for --render-only
-    return document
-
-
-def _script(name: str, args: Sequence[str], json_path: Path) -> Optional[Dict[str, Any]]:
-    """Run bench/<name>.py with ``args``; its JSON, with the command shown
-    (kept for --render-only), or None when it failed."""
-    shown = f"python bench/{name}.py " + " ".join(args)
+def _run(command: Sequence[str], shown: str, json_path: Path, env: Dict[str, str],
+         bench: bool) -> Optional[Dict[str, Any]]:
+    """Run ``python COMMAND --json JSON_PATH`` (``env`` added to the environment);
+    its JSON with the command shown and, for a ``prefixcache bench``, its exit
+    code, kept for --render-only.  A bench that failed raises RuntimeError; a
+    script that failed gives None."""
     print("$ " + shown, flush=True)
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args,
-                           "--json", str(json_path)], cwd=ROOT)
-    if proc.returncode != 0 or not json_path.is_file():
+    proc = subprocess.run([sys.executable, *command, "--json", str(json_path)],
+                          env={**os.environ, **env}, cwd=ROOT)
+    if proc.returncode not in ((0, 1) if bench else (0,)) or not json_path.is_file():
+        if bench:
+            raise RuntimeError(f"the benchmark failed (exit {proc.returncode}): "
+                               f"{[sys.executable, *command, '--json', str(json_path)]}")
         return None
     document: Dict[str, Any] = json.loads(json_path.read_text())
+    if bench:
+        document["exit_code"] = proc.returncode
     document["shown_command"] = shown.rstrip()
     json_path.write_text(json.dumps(document, indent=2) + "\n")
     return document
 
 
-def _shown(args: Sequence[str], env: Dict[str, str]) -> str:
-    prefix = " ".join(f"{key}={value}" for key, value in env.items())
-    return (prefix + " " if prefix else "") + "prefixcache bench " + " ".join(args)
+def _python(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a fresh process, its output captured."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT)
 
 
 #: Child program of the construction table: one allocator of each kind per
@@ -169,18 +162,6 @@ print(json.dumps({name: min(timeit.repeat(lambda: o.f(1), number=n, repeat=5)) /
 """
 
 
-def _wrapper_cost() -> Optional[Dict[str, float]]:
-    """ns per call of a method plain, under icontract and under a plain
-    wrapper (a fresh process); None when it failed."""
-    proc = subprocess.run([sys.executable, "-c", _WRAPPER_CHILD], capture_output=True,
-                          text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        print(proc.stderr, file=sys.stderr)
-        return None
-    costs: Dict[str, float] = json.loads(proc.stdout)
-    return costs
-
-
 def _checked_section(checked: Optional[Dict[str, Any]],
                      wrapper: Optional[Dict[str, float]]) -> List[str]:
     """The incremental checked mode against the plain allocator: the
@@ -191,7 +172,7 @@ def _checked_section(checked: Optional[Dict[str, Any]],
         return lines + ["Not measured in this recording.", ""]
     lines += ["The checked allocator (`PREFIXCACHE_CHECK=incremental`, the default: each call "
               "checked at the elements it touched, see spec/checked.py) and the plain one, "
-              "interleaved in one run.", "", "```", checked["shown_command"], "```", ""]
+              "interleaved in one run.", "", *_fenced(checked["shown_command"])]
     lines += _pool_section(checked, ["checked (incremental)", "plain impl"])
     pool = checked["pools"][0]
     if pool.get("ratio") and pool.get("paired_ratio"):
@@ -232,8 +213,7 @@ def _construction(sizes: Sequence[int]) -> List[Dict[str, Any]]:
     print("$ construction of " + ", ".join(CONSTRUCTION_KINDS), flush=True)
     for kind in CONSTRUCTION_KINDS:
         for size in sizes:
-            proc = subprocess.run([sys.executable, "-c", _CONSTRUCTION_CHILD, kind, str(size)],
-                                  cwd=ROOT, capture_output=True, text=True)
+            proc = _python("-c", _CONSTRUCTION_CHILD, kind, str(size))
             if proc.returncode != 0:
                 raise RuntimeError(f"construction of {kind} ({size}) failed: {proc.stderr}")
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -254,10 +234,7 @@ def _construction_section(rows: Optional[List[Dict[str, Any]]]) -> List[str]:
         "needed, so construction holds the free list, the reference counts, the id set "
         "and the trackers.",
         "",
-        "```",
-        "python bench/run_benchmarks.py   # the construction step",
-        "```",
-        "",
+        *_fenced("python bench/run_benchmarks.py   # the construction step"),
         "| allocator | blocks | seconds | tracemalloc peak (MB) | retained (MB) | "
         "max RSS growth (MB) |",
         "|---|---:|---:|---:|---:|---:|",
@@ -278,6 +255,11 @@ def _checked_available() -> bool:
 
 
 # -- rendering -------------------------------------------------------------------------
+
+
+def _fenced(command: str) -> List[str]:
+    """``command`` as a code block, then a blank line."""
+    return ["```", command, "```", ""]
 
 
 def slower_at_p50(pool: Dict[str, Any]) -> List[str]:
@@ -417,7 +399,7 @@ def _instructions_section(counted: Optional[Dict[str, Any]]) -> List[str]:
         f"{config['running']} running, {config['requests']} requests, seed {config['seed']}) "
         "under `valgrind --tool=cachegrind`: instructions of the replay (driver included, the "
         "same for both), counted as a child run with the replay minus one without it.",
-        "", "```", "python bench/count_instructions.py", "```", "",
+        "", *_fenced("python bench/count_instructions.py"),
         "| target | instructions | per call | fingerprint |", "|---|---:|---:|---|",
     ]
     for row in rows:
@@ -440,7 +422,7 @@ def _contracts_off_instructions(counted: Optional[Dict[str, Any]]) -> List[str]:
     same = "identical" if counted["fingerprints_identical"] else "DIFFERENT"
     return [
         "Contracts off, counted in instructions (the roomy replay under valgrind, as above):",
-        "", "```", "python bench/count_instructions.py --pair contracts-off", "```", "",
+        "", *_fenced("python bench/count_instructions.py --pair contracts-off"),
         f"checked (contracts off) {checked['instructions']:,}, plain impl "
         f"{plain['instructions']:,}: **{checked['instructions'] / plain['instructions']:.4f}x**;"
         f" id fingerprints {same}.", ""]
@@ -457,7 +439,7 @@ def _driver_section(driver: Optional[Dict[str, Any]]) -> List[str]:
         f"else; best CPU time of {driver['repeats']} repeats, the targets alternating.  The "
         "stand-in's time is the driver's bookkeeping plus the cost of making the calls: no "
         "target can go below it.", "",
-        "```", "python bench/driver_cost.py", "```", "",
+        *_fenced("python bench/driver_cost.py"),
         "| target | ms | stand-in's share | ms above the stand-in |", "|---|---:|---:|---:|",
     ]
     for row in driver["rows"]:
@@ -477,7 +459,7 @@ def _verify_section(verify: Optional[Dict[str, Any]]) -> List[str]:
              "`verify_content=True` (each cached id's exact content compared on every hit) "
              "against the default, both prefixcache.impl, in one run; the hash is the "
              "default one, so no collision happens and the ids must be the same.", "",
-             "```", verify["shown_command"], "```", ""]
+             *_fenced(verify["shown_command"])]
     lines += _pool_section(verify, ["verify_content=True", "verify_content=False"])
     ratios = [pool.get("ratio") for pool in verify["pools"] if pool.get("ratio")]
     if ratios:
@@ -543,7 +525,7 @@ def _oracle_section(speed: Optional[Dict[str, Any]], skipped: str = "") -> List[
         "shrinking.  The budget is wall time; the CPU time of the campaign is measured too, "
         "and the figures per CPU second say what a core of its own would give (the checking "
         "part's CPU time taken in proportion to its wall time).",
-        "", "```", speed.get("shown_command", speed.get("command", "")), "```", "",
+        "", *_fenced(speed.get("shown_command", speed.get("command", ""))),
         "| target | campaign | steps | s | shrinking s | shrinking steps | steps/s | "
         "checked steps/s | CPU share | steps per CPU s | checked steps per CPU s | findings |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -570,12 +552,6 @@ def _oracle_section(speed: Optional[Dict[str, Any]], skipped: str = "") -> List[
                 f"{100 * p['parts'].get(part, 0.0) / total:.1f}%"
                 for p, total in zip(profiles, totals)) + " |")
     return lines + [""]
-
-
-def _written_at(kept: Path) -> datetime.datetime:
-    """When a kept run wrote its last file: the time of its results."""
-    newest = max(path.stat().st_mtime for path in kept.iterdir())
-    return datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)
 
 
 def render(docs: Dict[str, Any], quick: bool, short: bool = False,
@@ -618,20 +594,13 @@ def render(docs: Dict[str, Any], quick: bool, short: bool = False,
         "",
     ]
     lines += _workloads_summary([main, access])
-    lines += [
-        "## prefixcache.impl against vLLM 0.8.5",
-        "",
-        "```",
-        main["shown_command"],
-        "```",
-        "",
-    ]
+    lines += ["## prefixcache.impl against vLLM 0.8.5", "", *_fenced(main["shown_command"])]
     lines += _pool_section(main, ["prefixcache.impl", "vLLM 0.8.5"], compare_p50=True)
     if access is not None:
         lines += ["## The access-heavy workload against vLLM 0.8.5", "",
                   "The main workload's requests, with every running sequence marking all its "
                   "blocks accessed at every scheduler step.", "",
-                  "```", access["shown_command"], "```", ""]
+                  *_fenced(access["shown_command"])]
         lines += _pool_section(access, ["prefixcache.impl", "vLLM 0.8.5"], compare_p50=True)
     lines += _oracle_section(docs.get("oracle_speed"))
     if not short:
@@ -640,7 +609,7 @@ def render(docs: Dict[str, Any], quick: bool, short: bool = False,
         lines += _driver_section(docs.get("driver"))
     if main.get("scaling"):
         lines += ["## Flat cost from 1,000 to 1,000,000 blocks (prefixcache.impl)", "",
-                  "```", main["shown_command"], "```", ""]
+                  *_fenced(main["shown_command"])]
         lines += _scaling_section(main)
     lines += _checked_section(checked, docs.get("wrapper"))
     if short:
@@ -655,14 +624,14 @@ def render(docs: Dict[str, Any], quick: bool, short: bool = False,
         lines += ["prefixcache.spec.checked was not importable: not measured.", ""]
     if off is not None:
         lines += ["Contracts off: the checked allocator's names are the impl's classes "
-                  "themselves.", "", "```", off["shown_command"], "```", ""]
+                  "themselves.", "", *_fenced(off["shown_command"])]
         lines += _pool_section(off, ["checked (contracts off)", "plain impl"])
     if off is not None and on is None:
         lines += ["Contracts on: not measured in this recording (see the notes).", ""]
     if on is not None:
         lines += ["Contracts on in full mode (`PREFIXCACHE_CHECK=full`; a smaller workload: "
                   "each check reads the whole abstract state, so its cost grows with the pool):",
-                  "", "```", on["shown_command"], "```", ""]
+                  "", *_fenced(on["shown_command"])]
         lines += _pool_section(on, ["checked (full mode)", "plain impl"])
     if off is not None and on is not None:
         ratio_on = on["pools"][0].get("ratio")
@@ -701,9 +670,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{kept} holds no impl_vs_vllm.json", file=sys.stderr)
             return 1
         run_kept = docs.get("run") or {}
-        Path(args.out).write_text(render(docs, run_kept.get("quick", args.quick),
-                                         run_kept.get("short", args.short),
-                                         _written_at(kept)) + "\n")
+        newest = max(path.stat().st_mtime for path in kept.iterdir())  # the results' time
+        Path(args.out).write_text(render(
+            docs, run_kept.get("quick", args.quick), run_kept.get("short", args.short),
+            datetime.datetime.fromtimestamp(newest, datetime.timezone.utc)) + "\n")
         print(f"wrote {args.out}")
         return 0
     quick = ["--requests", "40", "--repeats", "1", "--scaling-sizes", "1000,10000"] \
@@ -715,10 +685,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
 
         def bench(name: str, bench_args: List[str], env: Optional[Dict[str, str]] = None) -> None:
-            docs[name] = _bench(bench_args, out_dir / f"{name}.json", env or {})
+            shown = " ".join([*(f"{key}={value}" for key, value in (env or {}).items()),
+                              "prefixcache bench", *bench_args])
+            docs[name] = _run(["-m", "prefixcache.bench.benchmark", *bench_args], shown,
+                              out_dir / f"{name}.json", env or {}, bench=True)
 
         def script(name: str, script_args: List[str], kept_as: str = "") -> None:
-            docs[kept_as or name] = _script(name, script_args, out_dir / f"{kept_as or name}.json")
+            docs[kept_as or name] = _run([str(ROOT / "bench" / f"{name}.py"), *script_args],
+                                         f"python bench/{name}.py " + " ".join(script_args),
+                                         out_dir / f"{kept_as or name}.json", {}, bench=False)
 
         def keep(name: str, document: Any) -> None:
             docs[name] = document
@@ -738,9 +713,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                               "--repeats", "1", "--no-latency", "--clock", "cpu", "--scaling",
                               "--scaling-against", "--scaling-sizes", pools],
                   {"PREFIXCACHE_CONTRACTS": "1", "PREFIXCACHE_CHECK": "incremental"})
-            wrapper = _wrapper_cost()
-            if wrapper is not None:
-                keep("wrapper", wrapper)
+            proc = _python("-c", _WRAPPER_CHILD)
+            if proc.returncode != 0:
+                print(proc.stderr, file=sys.stderr)
+            else:
+                keep("wrapper", json.loads(proc.stdout))
         if not args.short:
             valgrind = shutil.which("valgrind") is not None
             if valgrind:

@@ -166,14 +166,6 @@ class _Round:
                     f"{where}: after reset_prefix_cache() ids {cached[:10]} still hold content")
 
 
-def _package_files(allocator: Any) -> List[tracemalloc.Filter]:
-    """A tracemalloc filter for the files beside the allocator class's module
-    (as imported: the names tracemalloc records)."""
-    module = sys.modules.get(type(allocator).__module__)
-    path = Path(getattr(module, "__file__", "") or ".").parent
-    return [tracemalloc.Filter(True, f"{path}/*")]
-
-
 def soak(target: Target, program_plan: Plan, num_blocks: int, block_size: int, *,
          rounds: int = 2, check_every: int = 10_000) -> SoakReport:
     """Replay ``program_plan`` ``rounds`` times on one allocator of
@@ -181,7 +173,11 @@ def soak(target: Target, program_plan: Plan, num_blocks: int, block_size: int, *
     allocator = target.make(num_blocks, block_size)
     white_box = getattr(allocator, "_refcounter", None) is not None
     report = SoakReport(target=target.name, white_box=white_box)
-    files = _package_files(allocator)
+    # the target's own code: the files beside its class's module, as imported
+    # (the names tracemalloc records)
+    module = sys.modules.get(type(allocator).__module__)
+    package = Path(getattr(module, "__file__", "") or ".").parent
+    files = [tracemalloc.Filter(True, f"{package}/*")]
     tracemalloc.start()
     start = time.monotonic()
     try:

@@ -191,13 +191,6 @@ def table(verdicts: Sequence[Verdict], clean: Verdict, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def write_table(text: str, path: Path = FINDINGS_MD) -> None:
-    """Put ``text`` between the corpus markers of ``path``."""
-    doc = path.read_text()
-    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-    path.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Judge every variant (or ``--only`` those) and the unmodified pool."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -227,7 +220,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(clean.program)
     text = table(verdicts, clean, args.seconds)
     if args.write:
-        write_table(text)
+        doc = FINDINGS_MD.read_text()  # the table between the corpus markers
+        start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+        FINDINGS_MD.write_text(doc[:start] + "\n" + text + "\n" + doc[end:])
     ok = clean.signature is None and all(v.signature for v in verdicts)
     return 0 if ok else 1
 

@@ -194,19 +194,6 @@ def _digest(paths: Sequence[Tuple[str, bytes]]) -> str:
     return digest.hexdigest()
 
 
-def _standin_files() -> List[Tuple[str, bytes]]:
-    """(path inside the vllm package, bytes) of every stand-in module."""
-    return [(path.relative_to(STANDINS).as_posix(), path.read_bytes())
-            for path in sorted(STANDINS.rglob("*.py"))]
-
-
-def _wanted(relative: str) -> bool:
-    if relative in _SDIST_FILES:
-        return True
-    head, _, tail = relative.rpartition("/")
-    return head == TEST_DIR and tail.endswith(".py")
-
-
 def _extract_sdist(version: str, into: Path) -> None:
     """The suite's files of the source archive, below ``into``."""
     source = vllm_source.sdist(version)
@@ -216,7 +203,9 @@ def _extract_sdist(version: str, into: Path) -> None:
         with tarfile.open(source, "r:gz") as archive:
             for member in archive:
                 relative = member.name[len(prefix):] if member.name.startswith(prefix) else ""
-                if not member.isfile() or not _wanted(relative):
+                head, _, tail = relative.rpartition("/")
+                if not member.isfile() or not (relative in _SDIST_FILES or (
+                        head == TEST_DIR and tail.endswith(".py"))):
                     continue
                 handle = archive.extractfile(member)
                 if handle is None:
@@ -282,7 +271,9 @@ def prefixcache_run_dir(version: str = "0.8.5") -> Path:
     tree = vllm_source.source_tree(version)
     _check_tree(tree)
     sdist_root = tests_root(version)
-    recipe = _digest(_standin_files() + [("aliases", json.dumps(ALIASES).encode())])
+    standins = [(path.relative_to(STANDINS).as_posix(), path.read_bytes())
+                for path in sorted(STANDINS.rglob("*.py"))]
+    recipe = _digest(standins + [("aliases", json.dumps(ALIASES).encode())])
     stamp = {"suite": SUITE_VERSION, "recipe": recipe, "tree": str(tree),
              "sdist": str(sdist_root)}
     return vllm_source.cached_directory(

@@ -235,12 +235,6 @@ def mutants_of(path: str, text: str) -> List[VllmMutant]:
     return found
 
 
-def all_mutants(repaired: Path) -> List[VllmMutant]:
-    """Every mutant of :data:`FILES` of the tree ``repaired`` (``D/vllm/...``)."""
-    return [mutant for path in FILES
-            for mutant in mutants_of(path, (repaired / "vllm" / path).read_text(encoding="utf-8"))]
-
-
 def sample(mutants: Sequence[VllmMutant], size: int, seed: int) -> List[VllmMutant]:
     """A seeded random sample of ``size`` mutants (all when there are fewer),
     in name order; the same for the same mutants, size and seed."""
@@ -474,12 +468,6 @@ def _short(name: str) -> str:
         "vllm.core.evictor.", "evictor.")
 
 
-def is_helper(name: str) -> bool:
-    """Whether the mutant ``name`` is in one of :data:`HELPERS` (code the
-    oracle never calls)."""
-    return any(f"ǁ{cls}ǁ" in name for cls in HELPERS)
-
-
 def _entry(name: str, entry: Mapping[str, Any], verdicts: Sequence[str]) -> List[str]:
     said = "; ".join(f"{judge}: {entry[judge]['status']}"
                      + (f" (`{entry[judge]['detail']}`)" if entry[judge]["detail"] else "")
@@ -507,7 +495,7 @@ def render(data: Mapping[str, Any], equivalents: List[mutation.Equivalent],
     listed = {name: e for name, e in ((n, mutation.equivalent_of(n, m["diff"], equivalents))
                                       for n, m in mutants.items()) if e is not None}
     judged = {n: m for n, m in mutants.items() if n not in listed}
-    allocator = {n for n in judged if not is_helper(n)}
+    allocator = {n for n in judged if not any(f"ǁ{cls}ǁ" in n for cls in HELPERS)}
     oracle = {k for k, m in judged.items() if m["oracle"]["status"] != "survived"}
     tests = {k for k, m in judged.items() if m["tests"]["status"] != "survived"}
     wall = sum(s["seconds"] for s in data["sessions"])
@@ -625,11 +613,6 @@ def write_report(data: Mapping[str, Any], report: Path, command: str) -> None:
 
 # -- command line -------------------------------------------------------------------------------
 
-def _command(args: argparse.Namespace) -> str:
-    return (f"python bench/vllm_mutation.py --sample {args.sample} --seed {args.seed} "
-            f"--budget {args.budget:g} --jobs {args.jobs}")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: run (or resume) the campaign, then render the report.
     Returns 0, or 2 when the campaign cannot run."""
@@ -664,7 +647,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         return smoke(args)
-    command = _command(args)
+    command = (f"python bench/vllm_mutation.py --sample {args.sample} --seed {args.seed} "
+               f"--budget {args.budget:g} --jobs {args.jobs}")
     if args.report:
         write_report(load_results(args.results), args.output, command)
         print(f"report: {args.output}")
@@ -691,11 +675,10 @@ def campaign(args: argparse.Namespace, command: str, names: Sequence[str],
               f"({data['settings']}); run without --resume to start afresh", file=sys.stderr)
         return 2
     repaired = vllm_source.source_tree(VERSION, repairs)
-    population = all_mutants(repaired)
-    if names:
-        chosen = [m for m in population if m.name in names]
-    else:
-        chosen = sample(population, args.sample, args.seed)
+    population = [mutant for path in FILES for mutant in
+                  mutants_of(path, (repaired / "vllm" / path).read_text(encoding="utf-8"))]
+    chosen = ([m for m in population if m.name in names] if names
+              else sample(population, args.sample, args.seed))
     print(f"{len(population)} mutants of {', '.join(FILES)}; {len(chosen)} chosen", flush=True)
     test_timeout = 120.0
     if data["baseline"] is None or args.rejudge_oracle:  # a new oracle: a new baseline
@@ -724,8 +707,9 @@ def smoke(args: argparse.Namespace) -> int:
     """The CI smoke: :data:`SMOKE_MUTANTS` with a 3 s budget, judged by the
     oracle and by :data:`SMOKE_TESTS`, results and report in a scratch
     directory (or where ``--results``/``--output`` say)."""
-    scratch = Path(tempfile.mkdtemp(prefix="vllm-mutation-smoke-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="vllm-mutation-smoke-",
+                                     ignore_cleanup_errors=True) as tmp:
+        scratch = Path(tmp)
         if args.results == RESULTS:
             args.results = scratch / "vllm_mutation.json"
         if args.output == REPORT:
@@ -735,8 +719,6 @@ def smoke(args: argparse.Namespace) -> int:
                         SMOKE_TESTS)
         print(args.output.read_text(encoding="utf-8"))
         return code
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

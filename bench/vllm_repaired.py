@@ -62,144 +62,6 @@ class Repair:
     why: str
 
 
-# -- core/evictor.py ------------------------------------------------------------------
-
-_EVICTOR_EXACT_ORDER = Repair(
-    "evictor-exact-order", EVICTOR,
-    (
-        ("            last_accessed, _, block_id, content_hash = heapq.heappop(",
-         "            last_accessed, neg_tokens, block_id, content_hash = heapq.heappop("),
-        ("                    self.free_table[block_id].last_accessed == last_accessed):",
-         "                    self.free_table[block_id].last_accessed == last_accessed\n"
-         "                    # prefixcache repair: an entry is live only if it is the\n"
-         "                    # block's current one, all fields alike (a stale entry of an\n"
-         "                    # id removed and added again may share its timestamp)\n"
-         "                    and self.free_table[block_id].num_hashed_tokens\n"
-         "                    == -neg_tokens and\n"
-         "                    self.free_table[block_id].content_hash == content_hash):"),
-        ("        self.free_table[block_id].last_accessed = last_accessed",
-         "        self.free_table[block_id].last_accessed = last_accessed\n"
-         "        # prefixcache repair: the block's entry under its new timestamp (the\n"
-         "        # old one is stale now and is skipped by evict())\n"
-         "        meta = self.free_table[block_id]\n"
-         "        heapq.heappush(self.priority_queue,\n"
-         "                       (last_accessed, -meta.num_hashed_tokens, block_id,\n"
-         "                        meta.content_hash))\n"
-         "        self._cleanup_if_necessary()"),
-    ),
-    "update() pushed no heap entry and evict() took a stale entry by its timestamp alone, so "
-    "an evictable id dropped out of the heap (evict() raised with num_blocks > 0) or the "
-    "wrong id went first; now every live entry has a heap entry and only an exact one is "
-    "popped, which is the documented order whenever vLLM's heap was right",
-)
-
-# -- core/block/common.py ---------------------------------------------------------------
-
-_FORK_ITERATIVE = Repair(
-    "fork-iterative", COMMON,
-    (
-        ("        if block.prev_block is not None:\n"
-         "            recurse(block.prev_block, lst)",
-         "        # prefixcache repair: the earlier blocks by a loop, not one Python\n"
-         "        # frame per block (a chain longer than the recursion limit forks)\n"
-         "        earlier: List[Block] = []\n"
-         "        walk = block.prev_block\n"
-         "        while walk is not None:\n"
-         "            earlier.append(walk)\n"
-         "            walk = walk.prev_block\n"
-         "        lst.extend(reversed(earlier))"),
-    ),
-    "get_all_blocks_recursively (fork's walk of the chain) recursed once per block, so fork "
-    "of a chain longer than the recursion limit raised RecursionError; a loop gives the same "
-    "list",
-)
-
-_POOL_HOME = Repair(
-    "pool-home", COMMON,
-    (
-        ("            allocator=block._allocator,  # type: ignore[attr-defined] ",
-         "            # prefixcache repair: the pool's own allocator (a swapped Block is\n"
-         "            # re-pointed to the allocator that holds it, not to this pool's)\n"
-         "            allocator=self._allocator,"),
-        ("        block.pool_id = pool_id  # type: ignore[attr-defined]",
-         "        block.pool_id = pool_id  # type: ignore[attr-defined]\n"
-         "        block.home_pool = self"),
-        ("        self._free_ids.appendleft(block.pool_id)  # type: ignore[attr-defined]",
-         "        # prefixcache repair: back to the pool the object came from, whichever\n"
-         "        # allocator frees it (a Block swapped to the other device)\n"
-         "        home = getattr(block, 'home_pool', self)\n"
-         "        home._free_ids.appendleft(block.pool_id)  # type: ignore[attr-defined]"),
-    ),
-    "a Block freed by the allocator of the other device (after a swap) was put into that "
-    "allocator's pool under its own pool's index (IndexError or an unrelated object reused "
-    "later); it now goes back to the pool it came from, which is where it went whenever "
-    "vLLM was right",
-)
-
-# -- core/block/naive_block.py ----------------------------------------------------------
-
-_NAIVE_ALL_OR_NOTHING = Repair(
-    "naive-all-or-nothing", NAIVE,
-    (
-        ("        block_ids = []\n",
-         "        if num_blocks > len(self._free_block_indices):\n"
-         "            # prefixcache repair: refuse before taking any id\n"
-         "            raise BlockAllocator.NoFreeBlocksError()\n"
-         "        block_ids = []\n"),
-        ("    def swap_in(self, blocks: List[Block]) -> None:\n",
-         "    def _check_swap_in(self, blocks: List[Block]) -> None:\n"
-         "        # prefixcache repair: NoFreeBlocksError, with nothing changed, unless\n"
-         "        # swap_in(blocks) can give every block an id\n"
-         "        if len(blocks) > len(self._free_block_indices):\n"
-         "            raise BlockAllocator.NoFreeBlocksError()\n"
-         "\n"
-         "    def swap_in(self, blocks: List[Block]) -> None:\n"
-         "        self._check_swap_in(blocks)\n"),
-    ),
-    "allocate_immutable_blocks and swap_in that ran out half-way kept the ids taken so far "
-    "(and swap_in left the first blocks attached); both now refuse before taking any, with "
-    "the same NoFreeBlocksError",
-)
-
-_NAIVE_COW_ATOMIC = Repair(
-    "naive-cow-atomic", NAIVE,
-    (
-        ("        self._free_block_id(block)\n"
-         "        trg_block_id = self._allocate_block_id()",
-         "        # prefixcache repair: the new id first, so that a refusal leaves the\n"
-         "        # block attached (the shared source id cannot be the one handed out)\n"
-         "        trg_block_id = self._allocate_block_id()\n"
-         "        self._free_block_id(block)"),
-        ("            self._block_id = (self._allocator.cow_block_if_not_appendable(\n"
-         "                self._cow_target))",
-         "            try:\n"
-         "                self._block_id = (\n"
-         "                    self._allocator.cow_block_if_not_appendable(\n"
-         "                        self._cow_target))\n"
-         "            except BaseException:\n"
-         "                # prefixcache repair: a refused copy-on-write appends nothing\n"
-         "                del self._token_ids[len(self._token_ids) - len(token_ids):]\n"
-         "                raise"),
-    ),
-    "a copy-on-write that found no free id had already released the shared id (the Block "
-    "was left detached) and the append had already added its tokens; now the new id is "
-    "taken first and a refused append is undone, and a successful one is unchanged",
-)
-
-_NAIVE_SWAP_REPOINTS = Repair(
-    "naive-swap-repoints", NAIVE,
-    (
-        ("            block.block_id = block_id  # Assign block_id",
-         "            block.block_id = block_id  # Assign block_id\n"
-         "            # prefixcache repair: the Block now belongs to this allocator\n"
-         "            block._allocator = self"),
-    ),
-    "a Block swapped in kept pointing at the allocator it came from, so its next "
-    "copy-on-write asked the other device's allocator about this one's id",
-)
-
-# -- core/block/prefix_caching_block.py ---------------------------------------------------
-
 #: Methods added to PrefixCachingBlockAllocator: what a call would take, known before
 #: it takes anything (for allocate_immutable_blocks and swap_in).
 _PLAN_METHODS = '''\
@@ -274,188 +136,295 @@ _PLAN_METHODS = '''\
 
 '''
 
-_PREFIX_ALL_OR_NOTHING = Repair(
-    "prefix-all-or-nothing", PREFIX,
-    (
-        ("    def _incr_refcount_cached_block(self, block: Block) -> None:\n",
-         _PLAN_METHODS
-         + "    def _incr_refcount_cached_block(self, block: Block) -> None:\n"),
-        ("        for token_ids in block_token_ids:\n",
-         "        # prefixcache repair: all of them or none\n"
-         "        self._check_fits(\n"
-         "            self._chain_hashes(prev_block, block_token_ids, extra_hash))\n"
-         "        for token_ids in block_token_ids:\n"),
-        ("            blocks: List of blocks to be swapped in.\n"
-         '        """\n',
-         "            blocks: List of blocks to be swapped in.\n"
-         '        """\n'
-         "        # prefixcache repair: all of them or none\n"
-         "        self._check_swap_in(blocks)\n"),
-    ),
-    "allocate_immutable_blocks and swap_in that ran out half-way kept the ids (hits and "
-    "misses) taken so far; both now work out first, by the same rules, whether every block "
-    "gets an id, and refuse before taking any, counting in the hit-rate metric exactly the "
-    "lookups vLLM counts",
-)
-
-_PREFIX_COW_ATOMIC = Repair(
-    "prefix-cow-atomic", PREFIX,
-    (
-        ("        self._free_block_id(block)\n"
-         "        trg_block_id = self._allocate_block_id()",
-         "        # prefixcache repair: the new id first, so that a refusal leaves the\n"
-         "        # block attached (the shared source id cannot be the one handed out,\n"
-         "        # nor become evictable, so the same id is taken)\n"
-         "        trg_block_id = self._allocate_block_id()\n"
-         "        self._free_block_id(block)"),
-    ),
-    "a copy-on-write that found no free id had already released the shared id, leaving the "
-    "Block detached; taking the new id first changes nothing else, since the released id "
-    "stays in use",
-)
-
-_PREFIX_LINEAR_SCAN = Repair(
-    "prefix-linear-scan", PREFIX,
-    (
-        ("        # Look for the first block that's not cached, and returns the prefix\n",
-         "        def _first_index(a, x, key: Callable[[PrefixHash], bool]) -> int:\n"
-         "            # prefixcache repair: the first element whose key is x, by a\n"
-         "            # linear scan (the evictor can take an earlier block of a chain\n"
-         "            # before a later one, so the keys need not be sorted)\n"
-         "            for index, element in enumerate(a):\n"
-         "                if key(element) == x:\n"
-         "                    return index\n"
-         "            return len(a)\n"
-         "\n"
-         "        # Look for the first block that's not cached, and returns the prefix\n"),
-        ("        idx = _bisect_left(block_hashes,",
-         "        idx = _first_index(block_hashes,"),
-    ),
-    "find_cached_blocks_prefix bisected on 'cached and computed', which is not monotone once "
-    "the evictor took an earlier block of a chain before a later one; a linear scan returns "
-    "the longest such prefix, the bisection's answer whenever it was right",
-)
-
-_COMMON_IDS_LIST = Repair(
-    "common-ids-list", PREFIX,
-    (
-        ("        if len(computed_seq_block_ids) == 1:\n",
-         "        if len(computed_seq_block_ids) != 1 and not any(computed_seq_block_ids):\n"
-         "            # prefixcache repair: commonprefix of no list is '', not a list\n"
-         "            return []\n"
-         "        if len(computed_seq_block_ids) == 1:\n"),
-    ),
-    "get_common_computed_block_ids returned os.path.commonprefix([]) == '' when no list or "
-    "only empty lists were given; it now returns [] there and is unchanged elsewhere",
-)
-
-_NO_HASH_AFTER_UNHASHED = Repair(
-    "no-hash-after-unhashed", PREFIX,
-    (
-        ("        if prev_block_hash == self._none_hash and not is_first_block:",
-         "        # prefixcache repair: nor when the previous block has no hash at all\n"
-         "        # (it is not full), else this block would be hashed with None as its\n"
-         "        # parent and shared with any other block after an unhashed one\n"
-         "        if not is_first_block and prev_block_hash in (None, self._none_hash):"),
-        ("            if block.is_full:\n",
-         "            # prefixcache repair: a full block without a hash comes back mutable\n"
-         "            if block.content_hash is not None:\n"),
-        ("            if block.is_full and (not self.is_block_cached(block) or \\\n",
-         "            if block.is_full and (block.content_hash is None or \\\n"
-         "                                  not self.is_block_cached(block) or \\\n"),
-    ),
-    "a full block after a non-full block was hashed with a None parent hash, so it shared its "
-    "id with the same tokens after any other non-full block; it now has no hash (swap_in and "
-    "get_num_full_blocks_touched treat it as the mutable block it is)",
-)
-
-_HASH_ITERATIVE = Repair(
-    "hash-iterative", PREFIX,
-    (
-        ("        is_first_block = self._prev_block is None\n",
-         "        # prefixcache repair: hash the earlier unhashed blocks first, oldest\n"
-         "        # first, so that a long chain (a fork's) is not walked by one Python\n"
-         "        # frame per block\n"
-         "        pending = []\n"
-         "        earlier = self._prev_block\n"
-         "        while (type(earlier) is PrefixCachingBlock and earlier.is_full\n"
-         "               and earlier._cached_content_hash is None):\n"
-         "            pending.append(earlier)\n"
-         "            earlier = earlier._prev_block\n"
-         "        for earlier in reversed(pending):\n"
-         "            earlier.content_hash  # computes and caches it\n"
-         "\n"
-         "        is_first_block = self._prev_block is None\n"),
-    ),
-    "a block's content hash asked its previous block's, recursively, so the hash of the last "
-    "block of a long chain of not yet hashed blocks (a fork's) raised RecursionError; the "
-    "earlier hashes are now computed first, the same values",
-)
-
-_TOUCHED_NOT_STALE = Repair(
-    "touched-not-stale", PREFIX,
-    (
-        ("        self._cached_blocks.pop(content_hash_to_evict)\n",
-         "        self._cached_blocks.pop(content_hash_to_evict)\n"
-         "        # prefixcache repair: it no longer holds what was promoted\n"
-         "        self._touched_blocks.discard(block_id)\n"),
-        ("        assert not self._cached_blocks\n",
-         "        assert not self._cached_blocks\n"
-         "        # prefixcache repair: nothing is promoted any more\n"
-         "        self._touched_blocks.clear()\n"),
-    ),
-    "an evicted id stayed in _touched_blocks (and reset_prefix_cache kept them all), so the "
-    "next mark_blocks_as_computed marked whatever reused the id computed, even a block "
-    "promoted after it; an id that still holds its content is treated as before",
-)
-
-_PREFIX_SWAP_REPOINTS = Repair(
-    "prefix-swap-repoints", PREFIX,
-    (
-        ("            block.block_id = block_id  # Assign block_id\n",
-         "            block.block_id = block_id  # Assign block_id\n"
-         "            # prefixcache repair: the Block now belongs to this allocator\n"
-         "            block._allocator = self\n"
-         "            block._block._allocator = self\n"),
-    ),
-    "a Block swapped in kept pointing at the allocator it came from, so its next append "
-    "(copy-on-write, promotion) asked the other device's allocator about this one's id "
-    "(an assert, or under -O the wrong refcount)",
-)
-
-# -- core/block/cpu_gpu_block_allocator.py -------------------------------------------------
-
-_DEVICE_SWAP_ALL_OR_NOTHING = Repair(
-    "device-swap-all-or-nothing", CPU_GPU,
-    (
-        ("        self._allocators[src_device].swap_out(blocks)\n",
-         "        # prefixcache repair: refuse before any block leaves the source\n"
-         "        check = getattr(self._allocators[dst_device], '_check_swap_in', None)\n"
-         "        if check is not None and src_device != dst_device:\n"
-         "            check(blocks)\n"
-         "        self._allocators[src_device].swap_out(blocks)\n"),
-    ),
-    "a swap whose destination could not fit the blocks had already freed them on the source "
-    "(and left them detached or half moved); the destination is now asked first and the "
-    "swap refused with nothing moved",
-)
-
 REPAIRS: List[Repair] = [
-    _EVICTOR_EXACT_ORDER,
-    _FORK_ITERATIVE,
-    _POOL_HOME,
-    _NAIVE_ALL_OR_NOTHING,
-    _NAIVE_COW_ATOMIC,
-    _NAIVE_SWAP_REPOINTS,
-    _PREFIX_ALL_OR_NOTHING,
-    _PREFIX_COW_ATOMIC,
-    _PREFIX_LINEAR_SCAN,
-    _COMMON_IDS_LIST,
-    _NO_HASH_AFTER_UNHASHED,
-    _HASH_ITERATIVE,
-    _TOUCHED_NOT_STALE,
-    _PREFIX_SWAP_REPOINTS,
-    _DEVICE_SWAP_ALL_OR_NOTHING,
+    # -- core/evictor.py ------------------------------------------------------------------
+    Repair(
+        "evictor-exact-order", EVICTOR,
+        (
+            ("            last_accessed, _, block_id, content_hash = heapq.heappop(",
+             "            last_accessed, neg_tokens, block_id, content_hash = heapq.heappop("),
+            ("                    self.free_table[block_id].last_accessed == last_accessed):",
+             "                    self.free_table[block_id].last_accessed == last_accessed\n"
+             "                    # prefixcache repair: an entry is live only if it is the\n"
+             "                    # block's current one, all fields alike (a stale entry of an\n"
+             "                    # id removed and added again may share its timestamp)\n"
+             "                    and self.free_table[block_id].num_hashed_tokens\n"
+             "                    == -neg_tokens and\n"
+             "                    self.free_table[block_id].content_hash == content_hash):"),
+            ("        self.free_table[block_id].last_accessed = last_accessed",
+             "        self.free_table[block_id].last_accessed = last_accessed\n"
+             "        # prefixcache repair: the block's entry under its new timestamp (the\n"
+             "        # old one is stale now and is skipped by evict())\n"
+             "        meta = self.free_table[block_id]\n"
+             "        heapq.heappush(self.priority_queue,\n"
+             "                       (last_accessed, -meta.num_hashed_tokens, block_id,\n"
+             "                        meta.content_hash))\n"
+             "        self._cleanup_if_necessary()"),
+        ),
+        "update() pushed no heap entry and evict() took a stale entry by its timestamp alone, so "
+        "an evictable id dropped out of the heap (evict() raised with num_blocks > 0) or the "
+        "wrong id went first; now every live entry has a heap entry and only an exact one is "
+        "popped, which is the documented order whenever vLLM's heap was right",
+    ),
+
+    # -- core/block/common.py ---------------------------------------------------------------
+    Repair(
+        "fork-iterative", COMMON,
+        (
+            ("        if block.prev_block is not None:\n"
+             "            recurse(block.prev_block, lst)",
+             "        # prefixcache repair: the earlier blocks by a loop, not one Python\n"
+             "        # frame per block (a chain longer than the recursion limit forks)\n"
+             "        earlier: List[Block] = []\n"
+             "        walk = block.prev_block\n"
+             "        while walk is not None:\n"
+             "            earlier.append(walk)\n"
+             "            walk = walk.prev_block\n"
+             "        lst.extend(reversed(earlier))"),
+        ),
+        "get_all_blocks_recursively (fork's walk of the chain) recursed once per block, so fork "
+        "of a chain longer than the recursion limit raised RecursionError; a loop gives the same "
+        "list",
+    ),
+    Repair(
+        "pool-home", COMMON,
+        (
+            ("            allocator=block._allocator,  # type: ignore[attr-defined] ",
+             "            # prefixcache repair: the pool's own allocator (a swapped Block is\n"
+             "            # re-pointed to the allocator that holds it, not to this pool's)\n"
+             "            allocator=self._allocator,"),
+            ("        block.pool_id = pool_id  # type: ignore[attr-defined]",
+             "        block.pool_id = pool_id  # type: ignore[attr-defined]\n"
+             "        block.home_pool = self"),
+            ("        self._free_ids.appendleft(block.pool_id)  # type: ignore[attr-defined]",
+             "        # prefixcache repair: back to the pool the object came from, whichever\n"
+             "        # allocator frees it (a Block swapped to the other device)\n"
+             "        home = getattr(block, 'home_pool', self)\n"
+             "        home._free_ids.appendleft(block.pool_id)  # type: ignore[attr-defined]"),
+        ),
+        "a Block freed by the allocator of the other device (after a swap) was put into that "
+        "allocator's pool under its own pool's index (IndexError or an unrelated object reused "
+        "later); it now goes back to the pool it came from, which is where it went whenever "
+        "vLLM was right",
+    ),
+
+    # -- core/block/naive_block.py ----------------------------------------------------------
+    Repair(
+        "naive-all-or-nothing", NAIVE,
+        (
+            ("        block_ids = []\n",
+             "        if num_blocks > len(self._free_block_indices):\n"
+             "            # prefixcache repair: refuse before taking any id\n"
+             "            raise BlockAllocator.NoFreeBlocksError()\n"
+             "        block_ids = []\n"),
+            ("    def swap_in(self, blocks: List[Block]) -> None:\n",
+             "    def _check_swap_in(self, blocks: List[Block]) -> None:\n"
+             "        # prefixcache repair: NoFreeBlocksError, with nothing changed, unless\n"
+             "        # swap_in(blocks) can give every block an id\n"
+             "        if len(blocks) > len(self._free_block_indices):\n"
+             "            raise BlockAllocator.NoFreeBlocksError()\n"
+             "\n"
+             "    def swap_in(self, blocks: List[Block]) -> None:\n"
+             "        self._check_swap_in(blocks)\n"),
+        ),
+        "allocate_immutable_blocks and swap_in that ran out half-way kept the ids taken so far "
+        "(and swap_in left the first blocks attached); both now refuse before taking any, with "
+        "the same NoFreeBlocksError",
+    ),
+    Repair(
+        "naive-cow-atomic", NAIVE,
+        (
+            ("        self._free_block_id(block)\n"
+             "        trg_block_id = self._allocate_block_id()",
+             "        # prefixcache repair: the new id first, so that a refusal leaves the\n"
+             "        # block attached (the shared source id cannot be the one handed out)\n"
+             "        trg_block_id = self._allocate_block_id()\n"
+             "        self._free_block_id(block)"),
+            ("            self._block_id = (self._allocator.cow_block_if_not_appendable(\n"
+             "                self._cow_target))",
+             "            try:\n"
+             "                self._block_id = (\n"
+             "                    self._allocator.cow_block_if_not_appendable(\n"
+             "                        self._cow_target))\n"
+             "            except BaseException:\n"
+             "                # prefixcache repair: a refused copy-on-write appends nothing\n"
+             "                del self._token_ids[len(self._token_ids) - len(token_ids):]\n"
+             "                raise"),
+        ),
+        "a copy-on-write that found no free id had already released the shared id (the Block "
+        "was left detached) and the append had already added its tokens; now the new id is "
+        "taken first and a refused append is undone, and a successful one is unchanged",
+    ),
+    Repair(
+        "naive-swap-repoints", NAIVE,
+        (
+            ("            block.block_id = block_id  # Assign block_id",
+             "            block.block_id = block_id  # Assign block_id\n"
+             "            # prefixcache repair: the Block now belongs to this allocator\n"
+             "            block._allocator = self"),
+        ),
+        "a Block swapped in kept pointing at the allocator it came from, so its next "
+        "copy-on-write asked the other device's allocator about this one's id",
+    ),
+
+    # -- core/block/prefix_caching_block.py ---------------------------------------------------
+    Repair(
+        "prefix-all-or-nothing", PREFIX,
+        (
+            ("    def _incr_refcount_cached_block(self, block: Block) -> None:\n",
+             _PLAN_METHODS
+             + "    def _incr_refcount_cached_block(self, block: Block) -> None:\n"),
+            ("        for token_ids in block_token_ids:\n",
+             "        # prefixcache repair: all of them or none\n"
+             "        self._check_fits(\n"
+             "            self._chain_hashes(prev_block, block_token_ids, extra_hash))\n"
+             "        for token_ids in block_token_ids:\n"),
+            ("            blocks: List of blocks to be swapped in.\n"
+             '        """\n',
+             "            blocks: List of blocks to be swapped in.\n"
+             '        """\n'
+             "        # prefixcache repair: all of them or none\n"
+             "        self._check_swap_in(blocks)\n"),
+        ),
+        "allocate_immutable_blocks and swap_in that ran out half-way kept the ids (hits and "
+        "misses) taken so far; both now work out first, by the same rules, whether every block "
+        "gets an id, and refuse before taking any, counting in the hit-rate metric exactly the "
+        "lookups vLLM counts",
+    ),
+    Repair(
+        "prefix-cow-atomic", PREFIX,
+        (
+            ("        self._free_block_id(block)\n"
+             "        trg_block_id = self._allocate_block_id()",
+             "        # prefixcache repair: the new id first, so that a refusal leaves the\n"
+             "        # block attached (the shared source id cannot be the one handed out,\n"
+             "        # nor become evictable, so the same id is taken)\n"
+             "        trg_block_id = self._allocate_block_id()\n"
+             "        self._free_block_id(block)"),
+        ),
+        "a copy-on-write that found no free id had already released the shared id, leaving the "
+        "Block detached; taking the new id first changes nothing else, since the released id "
+        "stays in use",
+    ),
+    Repair(
+        "prefix-linear-scan", PREFIX,
+        (
+            ("        # Look for the first block that's not cached, and returns the prefix\n",
+             "        def _first_index(a, x, key: Callable[[PrefixHash], bool]) -> int:\n"
+             "            # prefixcache repair: the first element whose key is x, by a\n"
+             "            # linear scan (the evictor can take an earlier block of a chain\n"
+             "            # before a later one, so the keys need not be sorted)\n"
+             "            for index, element in enumerate(a):\n"
+             "                if key(element) == x:\n"
+             "                    return index\n"
+             "            return len(a)\n"
+             "\n"
+             "        # Look for the first block that's not cached, and returns the prefix\n"),
+            ("        idx = _bisect_left(block_hashes,",
+             "        idx = _first_index(block_hashes,"),
+        ),
+        "find_cached_blocks_prefix bisected on 'cached and computed', which is not monotone once "
+        "the evictor took an earlier block of a chain before a later one; a linear scan returns "
+        "the longest such prefix, the bisection's answer whenever it was right",
+    ),
+    Repair(
+        "common-ids-list", PREFIX,
+        (
+            ("        if len(computed_seq_block_ids) == 1:\n",
+             "        if len(computed_seq_block_ids) != 1 and not any(computed_seq_block_ids):\n"
+             "            # prefixcache repair: commonprefix of no list is '', not a list\n"
+             "            return []\n"
+             "        if len(computed_seq_block_ids) == 1:\n"),
+        ),
+        "get_common_computed_block_ids returned os.path.commonprefix([]) == '' when no list or "
+        "only empty lists were given; it now returns [] there and is unchanged elsewhere",
+    ),
+    Repair(
+        "no-hash-after-unhashed", PREFIX,
+        (
+            ("        if prev_block_hash == self._none_hash and not is_first_block:",
+             "        # prefixcache repair: nor when the previous block has no hash at all\n"
+             "        # (it is not full), else this block would be hashed with None as its\n"
+             "        # parent and shared with any other block after an unhashed one\n"
+             "        if not is_first_block and prev_block_hash in (None, self._none_hash):"),
+            ("            if block.is_full:\n",
+             "            # prefixcache repair: a full block without a hash comes back mutable\n"
+             "            if block.content_hash is not None:\n"),
+            ("            if block.is_full and (not self.is_block_cached(block) or \\\n",
+             "            if block.is_full and (block.content_hash is None or \\\n"
+             "                                  not self.is_block_cached(block) or \\\n"),
+        ),
+        "a full block after a non-full block was hashed with a None parent hash, so it shared its "
+        "id with the same tokens after any other non-full block; it now has no hash (swap_in and "
+        "get_num_full_blocks_touched treat it as the mutable block it is)",
+    ),
+    Repair(
+        "hash-iterative", PREFIX,
+        (
+            ("        is_first_block = self._prev_block is None\n",
+             "        # prefixcache repair: hash the earlier unhashed blocks first, oldest\n"
+             "        # first, so that a long chain (a fork's) is not walked by one Python\n"
+             "        # frame per block\n"
+             "        pending = []\n"
+             "        earlier = self._prev_block\n"
+             "        while (type(earlier) is PrefixCachingBlock and earlier.is_full\n"
+             "               and earlier._cached_content_hash is None):\n"
+             "            pending.append(earlier)\n"
+             "            earlier = earlier._prev_block\n"
+             "        for earlier in reversed(pending):\n"
+             "            earlier.content_hash  # computes and caches it\n"
+             "\n"
+             "        is_first_block = self._prev_block is None\n"),
+        ),
+        "a block's content hash asked its previous block's, recursively, so the hash of the last "
+        "block of a long chain of not yet hashed blocks (a fork's) raised RecursionError; the "
+        "earlier hashes are now computed first, the same values",
+    ),
+    Repair(
+        "touched-not-stale", PREFIX,
+        (
+            ("        self._cached_blocks.pop(content_hash_to_evict)\n",
+             "        self._cached_blocks.pop(content_hash_to_evict)\n"
+             "        # prefixcache repair: it no longer holds what was promoted\n"
+             "        self._touched_blocks.discard(block_id)\n"),
+            ("        assert not self._cached_blocks\n",
+             "        assert not self._cached_blocks\n"
+             "        # prefixcache repair: nothing is promoted any more\n"
+             "        self._touched_blocks.clear()\n"),
+        ),
+        "an evicted id stayed in _touched_blocks (and reset_prefix_cache kept them all), so the "
+        "next mark_blocks_as_computed marked whatever reused the id computed, even a block "
+        "promoted after it; an id that still holds its content is treated as before",
+    ),
+    Repair(
+        "prefix-swap-repoints", PREFIX,
+        (
+            ("            block.block_id = block_id  # Assign block_id\n",
+             "            block.block_id = block_id  # Assign block_id\n"
+             "            # prefixcache repair: the Block now belongs to this allocator\n"
+             "            block._allocator = self\n"
+             "            block._block._allocator = self\n"),
+        ),
+        "a Block swapped in kept pointing at the allocator it came from, so its next append "
+        "(copy-on-write, promotion) asked the other device's allocator about this one's id "
+        "(an assert, or under -O the wrong refcount)",
+    ),
+
+    # -- core/block/cpu_gpu_block_allocator.py -------------------------------------------------
+    Repair(
+        "device-swap-all-or-nothing", CPU_GPU,
+        (
+            ("        self._allocators[src_device].swap_out(blocks)\n",
+             "        # prefixcache repair: refuse before any block leaves the source\n"
+             "        check = getattr(self._allocators[dst_device], '_check_swap_in', None)\n"
+             "        if check is not None and src_device != dst_device:\n"
+             "            check(blocks)\n"
+             "        self._allocators[src_device].swap_out(blocks)\n"),
+        ),
+        "a swap whose destination could not fit the blocks had already freed them on the source "
+        "(and left them detached or half moved); the destination is now asked first and the "
+        "swap refused with nothing moved",
+    ),
 ]
 """Every repair, in the order their edits are applied (per file)."""
 
