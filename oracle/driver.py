@@ -126,6 +126,11 @@ class Lockstep:
         self.step_events: List[str] = []
         self.events: Counter[str] = Counter()
 
+    def run(self, step: Step) -> Any:
+        """Execute ``step`` on both sides and judge the target; returns the
+        target's result.  Raises Violation."""
+        raise NotImplementedError
+
     def _begin(self, step: Step) -> None:
         """Start ``step``: traced, nothing refused, no coverage label yet."""
         self.trace.steps.append(step)
@@ -167,16 +172,14 @@ class Lockstep:
 
     def _valid_call_raised(self, step: Step, t_exc: BaseException,
                            api_exceptions: Tuple[type, ...]) -> Violation:
-        """A valid call raised ``t_exc``: conformance for one of the API's
-        own exceptions, else a crash."""
+        """A valid call raised: conformance for one of ``api_exceptions``, else a crash."""
         category = "conformance" if isinstance(t_exc, api_exceptions) else "crash"
         return self._fail(category, f"{step.op}: a valid call raised "
                           f"{type(t_exc).__name__}: {t_exc}", f"raised-{type(t_exc).__name__}")
 
     def _unlike_refusal(self, step: Step, category: str, name: str, m_exc: BaseException,
                         t_exc: Optional[BaseException], suffix: str = "") -> Violation:
-        """The spec refuses with ``name``; the target accepted the call
-        (``t_exc`` None) or raised what does not play that role."""
+        """The spec refuses with ``name``; the target accepted (``t_exc`` None) or raised else."""
         did, rule = ("accepted the call", "no") if t_exc is None else (
             f"raised {type(t_exc).__name__}: {t_exc}", "not")
         return self._fail(category, f"{step.op}: the spec raises {name} ({m_exc}), the "
@@ -194,9 +197,8 @@ class Lockstep:
 
     def _judge_state(self, step: Step, changed: Tuple[str, str], broken: List[str],
                      meanings: Dict[str, str], parted: Callable[[], Tuple[str, str]]) -> None:
-        """Raise the first of: a refused call ``changed`` the state (the part,
-        a sentence), the state breaks the invariants ``broken``, ``parted()``
-        says where it differs from the model's."""
+        """Raise the first of: a refused call ``changed`` the state, it breaks
+        the invariants ``broken``, ``parted()`` says it differs from the model's."""
         part, diff = changed
         if diff:
             raise self._fail("robustness", f"{step.op} was refused but changed the "
@@ -437,8 +439,6 @@ class Driver(Lockstep):
     # -- the step ---------------------------------------------------------------------
 
     def run(self, step: Step) -> Any:
-        """Execute ``step`` on both sides and judge the target; returns the
-        target's result.  Raises Violation."""
         self._begin(step)
         self._previous_model_states = self._model_states
         self._model_states = None
@@ -673,14 +673,11 @@ class Driver(Lockstep):
                     for d in ("GPU", "CPU")}
         return {"": (count(), self.model.get_num_free_blocks())}
 
-    def _live_target_blocks(self) -> List[Any]:
-        return [self.blocks[n] for n in self.live_names()]
-
     def _target_states(self, live: Optional[List[Any]] = None) -> Dict[str, AbstractState]:
         """The target's abstract state per device; ``live``: the live Blocks
         (default: listed afresh)."""
         if live is None:
-            live = self._live_target_blocks()
+            live = [self.blocks[n] for n in self.live_names()]
         states: Dict[str, AbstractState] = {}
         for label, alloc in self.sub_allocators().items():
             ids = alloc.all_block_ids
@@ -710,14 +707,14 @@ class Driver(Lockstep):
                 # (the comparison with the model below checks how many)
                 counted = self.semantics.failed_query_counted and self.refused is not None \
                     and self.refused == err.NoFreeBlocksError.__name__
-                changed = _first_difference(self._before[label], state, ordered_free=True,
+                changed = first_difference(self._before[label], state, ordered_free=True,
                                             ignore=("hits", "misses") if counted else ())
             owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
                              if b.block_id in state.blocks)
             broken = check_all(state, dict(owners)) if is_prefix_caching(
                 self.sub_allocators()[label]) else []
             self._judge_state(step, changed, broken, _MEANINGS, functools.partial(
-                _first_difference, state, models[label], ordered_free=self.target.strict))
+                first_difference, state, models[label], ordered_free=self.target.strict))
         self._before = states
 
     def _note_events(self) -> None:
@@ -786,25 +783,23 @@ def _block_part(x: Optional[BlockState], y: Optional[BlockState]) -> str:
     return next(f.name for f in fields(BlockState) if getattr(x, f.name) != getattr(y, f.name))
 
 
-def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool,
-                      ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
+def first_difference(a: Any, b: Any, *, ordered_free: bool = True,
+                     ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
     """(the part, a sentence) naming the first field, not in ``ignore``,
-    where two states differ, or ("", "") when they agree.  The part names the
-    field of :class:`AbstractState`, and for ``blocks`` the field of the id's
-    state."""
+    where two states (an :class:`AbstractState` or a v1 state) differ, or
+    ("", "") when they agree.  The part names the field, and for ``blocks``
+    the field of the id's state."""
     if a == b:  # the common case: equal fields agree however they are compared below
         return "", ""
-    for f in fields(AbstractState):
+    for f in fields(a):
         if f.name in ignore:
             continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "free" and not ordered_free:
             x, y = sorted(x), sorted(y)
-        elif f.name == "cached":
+        elif f.name in ("cached", "blocks") or isinstance(x, dict) or isinstance(y, dict):
             x, y = dict(x), dict(y)
-        elif f.name == "blocks":
-            x, y = dict(x), dict(y)
-            if x != y:
+            if f.name == "blocks" and x != y:
                 for i in sorted(set(x) | set(y)):
                     if x.get(i) != y.get(i):
                         return (f"blocks.{_block_part(x.get(i), y.get(i))}",

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import types
-from dataclasses import fields
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..model.v1_model import V1Model, V1Refusal
@@ -35,7 +34,7 @@ from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.v1_abstraction import abstract_v1
 from ..spec.v1_invariants import V1_INVARIANTS, check_all_v1
 from ..spec.v1_state import BlockHash, HashedContent, V1State, chain_hashes
-from .driver import Lockstep, after_call
+from .driver import Lockstep, after_call, first_difference
 from .mistakes import OracleError
 from .targets import Target
 from .trace import Step
@@ -73,20 +72,6 @@ def has_pool_internals(pool: Any) -> bool:
             and isinstance(getattr(hash_map, "_cache", None), dict)
             and isinstance(getattr(pool, "cached_block_hashes_by_block", None), dict)
             and null_block_of(pool) is not None)
-
-
-def first_difference(a: V1State, b: V1State, ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
-    """(the field, a sentence) naming the first field of :class:`V1State`,
-    not in ``ignore``, where ``a`` and ``b`` differ, or ("", "")."""
-    for f in fields(V1State):
-        if f.name in ignore:
-            continue
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, dict) or isinstance(y, dict):
-            x, y = dict(x), dict(y)
-        if x != y:
-            return f.name, f"{f.name} is {x!r} vs {y!r}"
-    return "", ""
 
 
 class V1Driver(Lockstep):
@@ -212,8 +197,6 @@ class V1Driver(Lockstep):
     # -- the step -------------------------------------------------------------------------
 
     def run(self, step: Step) -> Any:
-        """Execute ``step`` on both sides and judge the target; returns the
-        target's result.  Raises Violation."""
         self._begin(step)
         self._event(f"op:{step.op}")
         args = {k: v for k, v in step.args.items() if not k.startswith("_")}
