@@ -16,6 +16,7 @@ option, or a target that is not an allocator).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import multiprocessing
@@ -23,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
@@ -245,27 +246,32 @@ def search_with(args: argparse.Namespace, worker: int = 0,
     return search(target, budget, options, known=known, progress=progress)
 
 
-def _describe(steps: int, examples: int, findings: int, elapsed: float,
-              workers: int = 1) -> str:
-    who = f"{workers} workers: " if workers > 1 else ""
-    return (f"{who}{steps} steps, {steps / max(elapsed, 1e-9):.0f} steps/s, "
-            f"{examples} examples, {findings} findings")
-
-
-def _run_single(args: argparse.Namespace) -> Outcome:
+@contextlib.contextmanager
+def _progress_bar(args: argparse.Namespace,
+                  workers: int = 1) -> Iterator[Callable[[int, int, int], None]]:
+    """A progress bar (hidden by --quiet or off a terminal) and its update:
+    steps, examples and findings so far."""
     from rich.progress import Progress
 
     with Progress(disable=args.quiet or not sys.stdout.isatty(), transient=True) as bar:
         task = bar.add_task("fuzzing", total=args.seconds or None)
         start = time.monotonic()
 
-        def progress(outcome: Outcome) -> None:
+        def show(steps: int, examples: int, findings: int) -> None:
             elapsed = time.monotonic() - start
+            who = f"{workers} workers: " if workers > 1 else ""
             bar.update(task, completed=min(elapsed, args.seconds or elapsed),
-                       description=_describe(outcome.stats.steps, outcome.stats.examples,
-                                             len(outcome.findings), elapsed))
+                       description=f"{who}{steps} steps, {steps / max(elapsed, 1e-9):.0f} "
+                       f"steps/s, {examples} examples, {findings} findings")
 
-        return search_with(args, int(os.environ.get("PREFIXCACHE_WORKER", "0")), progress)
+        yield show
+
+
+def _run_single(args: argparse.Namespace) -> Outcome:
+    with _progress_bar(args) as show:
+        return search_with(args, int(os.environ.get("PREFIXCACHE_WORKER", "0")), lambda outcome:
+                           show(outcome.stats.steps, outcome.stats.examples,
+                                len(outcome.findings)))
 
 
 def _worker(args: argparse.Namespace, worker: int, queue: Any) -> None:
@@ -280,8 +286,6 @@ def _worker(args: argparse.Namespace, worker: int, queue: Any) -> None:
 
 
 def _run_workers(args: argparse.Namespace) -> Outcome:
-    from rich.progress import Progress
-
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(args, w, queue)) for w in range(args.workers)]
@@ -291,17 +295,12 @@ def _run_workers(args: argparse.Namespace) -> Outcome:
     seen: Dict[int, tuple[int, int, int]] = {}
     pending = set(range(args.workers))
     errors: List[str] = []
-    with Progress(disable=args.quiet or not sys.stdout.isatty(), transient=True) as bar:
-        task = bar.add_task("fuzzing", total=args.seconds or None)
-        start = time.monotonic()
+    with _progress_bar(args, args.workers) as show:
         while pending:
             kind, worker, *payload = queue.get()
             if kind == "progress":
                 seen[worker] = (payload[0], payload[1], payload[2])
-                elapsed = time.monotonic() - start
-                steps, examples, found = (sum(v[k] for v in seen.values()) for k in range(3))
-                bar.update(task, completed=min(elapsed, args.seconds or elapsed),
-                           description=_describe(steps, examples, found, elapsed, args.workers))
+                show(*(sum(v[k] for v in seen.values()) for k in range(3)))
             elif kind == "done":
                 total.merge(payload[0])
                 pending.discard(worker)

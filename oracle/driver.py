@@ -25,6 +25,7 @@ call timeout: one that does not return in time is a ``hang``.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections import Counter
@@ -105,71 +106,35 @@ def _device_enum(allocator: Any) -> Any:
     return device
 
 
-class Driver:
-    """A target and its model in lockstep, judged after every step.
+class Lockstep:
+    """What the drivers of both profiles share: the target, the trace of the
+    steps run, the options a refusal is judged by, the coverage labels, and
+    how a call of the target is timed and a finding raised."""
 
-    ``white_box`` compares abstract states and invariants where the target
-    has vLLM-shaped internals; ``semantics`` picks the rule of each option
-    (the model follows it, refusals are judged by it); ``mistakes=False``
-    promises valid calls only (a step the model refuses as a caller mistake
-    is then a bug of the oracle: OracleError); ``call_timeout`` (seconds,
-    None for none) bounds each call of the target."""
-
-    def __init__(self, target: Target, num_blocks: int, block_size: int, *,
-                 white_box: bool = True, check_model: bool = False,
-                 semantics: Semantics = PREFIXCACHE, mistakes: bool = True,
-                 call_timeout: Optional[float] = None) -> None:
+    def __init__(self, target: Target, num_blocks: int, block_size: int, *, kind: str,
+                 strict: bool, semantics: Semantics, mistakes: bool,
+                 call_timeout: Optional[float]) -> None:
         self.target = target
-        self.kind = target.kind
+        self.kind = kind
         self.semantics = semantics
         self.mistakes = mistakes
         self.call_timeout = call_timeout
-        self.trace = Trace(num_blocks=num_blocks, block_size=block_size, kind=target.kind,
-                           target=target.name, strict=target.strict,
-                           semantics=semantics.to_json())
+        self.trace = Trace(num_blocks=num_blocks, block_size=block_size, kind=kind,
+                           target=target.name, strict=strict, semantics=semantics.to_json())
         self._op = "__init__"
-        watch_log_formatting()
-        self.allocator = self._guard("construct the target", lambda: target.make(num_blocks,
-                                                                                  block_size))
-        options: Dict[str, Any] = {"strict": target.strict, "check_invariants": check_model,
-                                   "semantics": semantics}
-        self.model: Any
-        if self.kind == "cpu_gpu":
-            self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
-        else:
-            self.model = Model(num_blocks, block_size, caching=self.kind != "naive", **options)
-        self._device = _device_enum(self.allocator)  # a mistake passes one to one device
-        self.blocks: Dict[str, Any] = {}
-        self.handles: Dict[str, Any] = {}
-        self.hashes: Dict[str, int] = {}
-        self._queries: Dict[str, List[int]] = {}  # first name -> the target's list
-        self._reused: Dict[int, List[int]] = {}  # slot -> the target's list there
-        self.keys: Dict[str, ContentKey] = {}
-        self.dead: Set[str] = set()
-        self.events: Counter[str] = Counter()
-        self.ledger = ContentLedger()
-        self.white = white_box and self._has_internals()
-        #: compare abstract states and invariants after each step (white-box
-        #: targets only); a caller may switch it off for steps on states too
-        #: big to read every step (the machine's thousand-block chains)
-        self.state_checks = True
-        self._before: Optional[Dict[str, AbstractState]] = None
-        self._counter = 0
         self.refused: Optional[str] = None
-        self._model_states: Optional[Dict[str, AbstractState]] = None
-        self._previous_model_states: Optional[Dict[str, AbstractState]] = None
         self.step_events: List[str] = []
-        self._foreign: Optional[Tuple[Any, Any]] = None
-        self._no_free = no_free_classes(self.allocator, *self.sub_allocators().values()) \
-            if self.white else no_free_classes(self.allocator)
-        #: the target's block-manager helpers and their models (None without)
-        self.trackers: Optional[Trackers] = make_trackers(
-            self.kind, self.allocator, list(self.sub_allocators().values()) if self.white else [],
-            self.model, block_size)
-        if self.white:
-            self._before = self._target_states()
+        self.events: Counter[str] = Counter()
 
-    # -- helpers -------------------------------------------------------------
+    def run(self, step: Step) -> Any:
+        """Execute ``step`` on both sides and judge the target; returns the
+        target's result.  Raises Violation."""
+        raise NotImplementedError
+
+    def _begin(self, step: Step) -> None:
+        """Start ``step``: traced, nothing refused, no coverage label yet."""
+        self.trace.steps.append(step)
+        self.refused, self.step_events, self._op = None, [], step.op
 
     def _event(self, label: str) -> None:
         """Count a coverage label for this step."""
@@ -181,6 +146,11 @@ class Driver:
 
     def _fail(self, category: str, message: str, rule: str) -> Violation:
         return Violation(category, message, self._step_no(), operation=self._op, rule=rule)
+
+    def _attach_trace(self, violation: Violation) -> None:
+        """Give ``violation`` the trace that led to it."""
+        self.trace.violation = violation.to_json()
+        violation.trace = self.trace
 
     def _timed(self, call: Callable[[], Any]) -> Any:
         """``call()`` under the call timeout (a ``hang`` when it runs past)."""
@@ -199,6 +169,109 @@ class Driver:
         except Exception as exc:  # the target crashed outside any step
             raise self._fail("crash", f"{what}: {type(exc).__name__}: {exc}",
                              f"raised-{type(exc).__name__}") from exc
+
+    def _valid_call_raised(self, step: Step, t_exc: BaseException,
+                           api_exceptions: Tuple[type, ...]) -> Violation:
+        """A valid call raised: conformance for one of ``api_exceptions``, else a crash."""
+        category = "conformance" if isinstance(t_exc, api_exceptions) else "crash"
+        return self._fail(category, f"{step.op}: a valid call raised "
+                          f"{type(t_exc).__name__}: {t_exc}", f"raised-{type(t_exc).__name__}")
+
+    def _unlike_refusal(self, step: Step, category: str, name: str, m_exc: BaseException,
+                        t_exc: Optional[BaseException], suffix: str = "") -> Violation:
+        """The spec refuses with ``name``; the target accepted (``t_exc`` None) or raised else."""
+        did, rule = ("accepted the call", "no") if t_exc is None else (
+            f"raised {type(t_exc).__name__}: {t_exc}", "not")
+        return self._fail(category, f"{step.op}: the spec raises {name} ({m_exc}), the "
+                          f"target {did}", f"{rule}-{name}{suffix}")
+
+    def _compare_free(self, step: Step, unchanged: bool,
+                      counts: Dict[str, Tuple[int, int]]) -> None:
+        """The target's free count against the model's, per device label."""
+        for label, (t_free, m_free) in counts.items():
+            if t_free != m_free:
+                raise self._fail("robustness" if unchanged else "conformance",
+                                 f"{step.op}: {after_call(unchanged)}, get_num_free_blocks"
+                                 f"({label}) is {t_free} in the target, {m_free} in the spec",
+                                 "free-count")
+
+    def _judge_state(self, step: Step, changed: Tuple[str, str], broken: List[str],
+                     meanings: Dict[str, str], parted: Callable[[], Tuple[str, str]]) -> None:
+        """Raise the first of: a refused call ``changed`` the state, it breaks
+        the invariants ``broken``, ``parted()`` says it differs from the model's."""
+        part, diff = changed
+        if diff:
+            raise self._fail("robustness", f"{step.op} was refused but changed the "
+                             f"state: {diff}", f"changed:{part}")
+        if broken:
+            raise self._fail("invariant", f"{step.op}: the target's state breaks "
+                             f"{', '.join(broken)} ({meanings[broken[0]]})", broken[0])
+        part, diff = parted()
+        if diff:
+            raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)",
+                             f"state:{part}")
+
+
+def after_call(unchanged: bool) -> str:
+    """How a comparison names the moment: after the call, or after a refused one."""
+    return "after a refused call" if unchanged else "after the call"
+
+
+class Driver(Lockstep):
+    """A target and its model in lockstep, judged after every step.
+
+    ``white_box`` compares abstract states and invariants where the target
+    has vLLM-shaped internals; ``semantics`` picks the rule of each option
+    (the model follows it, refusals are judged by it); ``mistakes=False``
+    promises valid calls only (a step the model refuses as a caller mistake
+    is then a bug of the oracle: OracleError); ``call_timeout`` (seconds,
+    None for none) bounds each call of the target."""
+
+    def __init__(self, target: Target, num_blocks: int, block_size: int, *,
+                 white_box: bool = True, check_model: bool = False,
+                 semantics: Semantics = PREFIXCACHE, mistakes: bool = True,
+                 call_timeout: Optional[float] = None) -> None:
+        super().__init__(target, num_blocks, block_size, kind=target.kind, strict=target.strict,
+                         semantics=semantics, mistakes=mistakes, call_timeout=call_timeout)
+        watch_log_formatting()
+        self.allocator = self._guard("construct the target", lambda: target.make(num_blocks,
+                                                                                  block_size))
+        options: Dict[str, Any] = {"strict": target.strict, "check_invariants": check_model,
+                                   "semantics": semantics}
+        self.model: Any
+        if self.kind == "cpu_gpu":
+            self.model = DeviceModel(num_blocks, num_blocks, block_size, **options)
+        else:
+            self.model = Model(num_blocks, block_size, caching=self.kind != "naive", **options)
+        self._device = _device_enum(self.allocator)  # a mistake passes one to one device
+        self.blocks: Dict[str, Any] = {}
+        self.handles: Dict[str, Any] = {}
+        self.hashes: Dict[str, int] = {}
+        self._queries: Dict[str, List[int]] = {}  # first name -> the target's list
+        self._reused: Dict[int, List[int]] = {}  # slot -> the target's list there
+        self.keys: Dict[str, ContentKey] = {}
+        self.dead: Set[str] = set()
+        self.ledger = ContentLedger()
+        self.white = white_box and self._has_internals()
+        #: compare abstract states and invariants after each step (white-box
+        #: targets only); a caller may switch it off for steps on states too
+        #: big to read every step (the machine's thousand-block chains)
+        self.state_checks = True
+        self._before: Optional[Dict[str, AbstractState]] = None
+        self._counter = 0
+        self._model_states: Optional[Dict[str, AbstractState]] = None
+        self._previous_model_states: Optional[Dict[str, AbstractState]] = None
+        self._foreign: Optional[Tuple[Any, Any]] = None
+        self._no_free = no_free_classes(self.allocator, *self.sub_allocators().values()) \
+            if self.white else no_free_classes(self.allocator)
+        #: the target's block-manager helpers and their models (None without)
+        self.trackers: Optional[Trackers] = make_trackers(
+            self.kind, self.allocator, list(self.sub_allocators().values()) if self.white else [],
+            self.model, block_size)
+        if self.white:
+            self._before = self._target_states()
+
+    # -- helpers -------------------------------------------------------------
 
     def _has_internals(self) -> bool:
         alloc = self.allocator
@@ -366,14 +439,9 @@ class Driver:
     # -- the step ---------------------------------------------------------------------
 
     def run(self, step: Step) -> Any:
-        """Execute ``step`` on both sides and judge the target; returns the
-        target's result.  Raises Violation."""
-        self.trace.steps.append(step)
-        self.refused = None
-        self.step_events = []
+        self._begin(step)
         self._previous_model_states = self._model_states
         self._model_states = None
-        self._op = step.op
         if step.op in TRACKER_OPS and self.trackers is None:
             raise OracleError(f"{step.op}: the target publishes no block-manager helpers")
         self._event(f"op:{step.op}")
@@ -386,8 +454,7 @@ class Driver:
         try:
             t_res = self._timed(lambda: self._call("target", step.op, dict(t_args)))
         except Violation as violation:  # a hang
-            self.trace.violation = violation.to_json()
-            violation.trace = self.trace
+            self._attach_trace(violation)
             raise
         except Exception as exc:
             t_exc = exc
@@ -416,8 +483,7 @@ class Driver:
             else:
                 self._judge_success(step, t_res, t_exc, m_res)
         except Violation as violation:
-            self.trace.violation = violation.to_json()
-            violation.trace = self.trace
+            self._attach_trace(violation)
             raise
         return t_res
 
@@ -472,13 +538,9 @@ class Driver:
         self._event("caller-mistake" if mistake else f"refused:{name}")
         if t_exc is None:
             self._check_integrity_of(step, t_res)
-            raise self._fail(category, f"{step.op}: the spec raises {name} "
-                             f"({m_exc}), the target accepted the call", f"no-{name}")
-        if not self._accepts(m_exc, t_exc):
-            raise self._fail(category, f"{step.op}: the spec raises {name} "
-                             f"({m_exc}), the target raised {type(t_exc).__name__}: {t_exc}",
-                             f"not-{name}")
-        self._compare_after(step, unchanged=True)
+        if t_exc is None or not self._accepts(m_exc, t_exc):
+            raise self._unlike_refusal(step, category, name, m_exc, t_exc)
+        self._compareafter(step, unchanged=True)
 
     def _accepts(self, m_exc: BaseException, t_exc: BaseException) -> bool:
         """Whether the target's exception plays the role of the model's: a
@@ -494,10 +556,7 @@ class Driver:
     def _judge_success(self, step: Step, t_res: Any, t_exc: Optional[BaseException],
                        m_res: Any) -> None:
         if t_exc is not None:
-            category = "conformance" if isinstance(t_exc, API_EXCEPTIONS + self._no_free) \
-                else "crash"
-            raise self._fail(category, f"{step.op}: a valid call raised "
-                             f"{type(t_exc).__name__}: {t_exc}", f"raised-{type(t_exc).__name__}")
+            raise self._valid_call_raised(step, t_exc, API_EXCEPTIONS + self._no_free)
         if step.op in BLOCK_RESULTS:
             t_list = t_res if isinstance(t_res, list) else [t_res]
             m_list = m_res if isinstance(m_res, list) else [m_res]
@@ -512,7 +571,7 @@ class Driver:
             self._compare_result(step, t_res, m_res)
         if step.op == "free" and not step.args.get("keep_block_object"):
             self.dead.add(step.args["block"])
-        self._compare_after(step, unchanged=False)
+        self._compareafter(step, unchanged=False)
 
     def _compare_result(self, step: Step, t_res: Any, m_res: Any) -> None:
         if step.op == "find_cached_blocks_prefix":
@@ -567,8 +626,8 @@ class Driver:
                 return block.content
         return None
 
-    def _compare_after(self, step: Step, *, unchanged: bool) -> None:
-        what = "after a refused call" if unchanged else "after the call"
+    def _compareafter(self, step: Step, *, unchanged: bool) -> None:
+        what = after_call(unchanged)
         category = "robustness" if unchanged else "conformance"
         live = self.live_names()
         for name in live:
@@ -598,11 +657,7 @@ class Driver:
                 raise self._fail(category, f"{step.op}: {what}, block {name}.computed is "
                                  f"{computed!r} in the target, {self.handles[name].computed} "
                                  f"in the spec", "block-computed")
-        for label, (t_free, m_free) in self._free_counts().items():
-            if t_free != m_free:
-                raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks"
-                                 f"({label}) is {t_free} in the target, {m_free} in the spec",
-                                 "free-count")
+        self._compare_free(step, unchanged, self._free_counts())
         self._record_contents(live)
         if self.white and self.state_checks:
             self._compare_states(step, unchanged, [self.blocks[n] for n in live])
@@ -618,14 +673,11 @@ class Driver:
                     for d in ("GPU", "CPU")}
         return {"": (count(), self.model.get_num_free_blocks())}
 
-    def _live_target_blocks(self) -> List[Any]:
-        return [self.blocks[n] for n in self.live_names()]
-
     def _target_states(self, live: Optional[List[Any]] = None) -> Dict[str, AbstractState]:
         """The target's abstract state per device; ``live``: the live Blocks
         (default: listed afresh)."""
         if live is None:
-            live = self._live_target_blocks()
+            live = [self.blocks[n] for n in self.live_names()]
         states: Dict[str, AbstractState] = {}
         for label, alloc in self.sub_allocators().items():
             ids = alloc.all_block_ids
@@ -649,28 +701,20 @@ class Driver:
                              "collision" if self.ledger.collisions else "shared-id")
         models = self.model_states()
         for label, state in states.items():
+            changed = ("", "")
             if unchanged and self._before is not None and label in self._before:
                 # the option failed_query_counted lets a refusal count its queries
                 # (the comparison with the model below checks how many)
                 counted = self.semantics.failed_query_counted and self.refused is not None \
                     and self.refused == err.NoFreeBlocksError.__name__
-                part, diff = _first_difference(self._before[label], state, ordered_free=True,
-                                               ignore=("hits", "misses") if counted else ())
-                if diff:
-                    raise self._fail("robustness", f"{step.op} was refused but changed the "
-                                     f"state: {diff}", f"changed:{part}")
+                changed = first_difference(self._before[label], state, ordered_free=True,
+                                            ignore=("hits", "misses") if counted else ())
             owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
                              if b.block_id in state.blocks)
             broken = check_all(state, dict(owners)) if is_prefix_caching(
                 self.sub_allocators()[label]) else []
-            if broken:
-                raise self._fail("invariant", f"{step.op}: the target's state breaks "
-                                 f"{', '.join(broken)} ({_MEANINGS[broken[0]]})", broken[0])
-            part, diff = _first_difference(state, models[label],
-                                           ordered_free=self.target.strict)
-            if diff:
-                raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)",
-                                 f"state:{part}")
+            self._judge_state(step, changed, broken, _MEANINGS, functools.partial(
+                first_difference, state, models[label], ordered_free=self.target.strict))
         self._before = states
 
     def _note_events(self) -> None:
@@ -739,25 +783,23 @@ def _block_part(x: Optional[BlockState], y: Optional[BlockState]) -> str:
     return next(f.name for f in fields(BlockState) if getattr(x, f.name) != getattr(y, f.name))
 
 
-def _first_difference(a: AbstractState, b: AbstractState, *, ordered_free: bool,
-                      ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
+def first_difference(a: Any, b: Any, *, ordered_free: bool = True,
+                     ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
     """(the part, a sentence) naming the first field, not in ``ignore``,
-    where two states differ, or ("", "") when they agree.  The part names the
-    field of :class:`AbstractState`, and for ``blocks`` the field of the id's
-    state."""
+    where two states (an :class:`AbstractState` or a v1 state) differ, or
+    ("", "") when they agree.  The part names the field, and for ``blocks``
+    the field of the id's state."""
     if a == b:  # the common case: equal fields agree however they are compared below
         return "", ""
-    for f in fields(AbstractState):
+    for f in fields(a):
         if f.name in ignore:
             continue
         x, y = getattr(a, f.name), getattr(b, f.name)
         if f.name == "free" and not ordered_free:
             x, y = sorted(x), sorted(y)
-        elif f.name == "cached":
+        elif f.name in ("cached", "blocks") or isinstance(x, dict) or isinstance(y, dict):
             x, y = dict(x), dict(y)
-        elif f.name == "blocks":
-            x, y = dict(x), dict(y)
-            if x != y:
+            if f.name == "blocks" and x != y:
                 for i in sorted(set(x) | set(y)):
                     if x.get(i) != y.get(i):
                         return (f"blocks.{_block_part(x.get(i), y.get(i))}",

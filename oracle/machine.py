@@ -36,7 +36,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Set, Type, TypeVar, cast
+from typing import Any, Callable, ClassVar, Dict, Generic, List, Optional, Sequence, TypeVar, cast
 
 from hypothesis import event, target
 from hypothesis import strategies as st
@@ -44,7 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from ..spec.error_table import ErrorCase
 from ..spec.semantics import Semantics
-from .driver import Driver
+from .driver import Driver, Lockstep
 from .held import Seq
 from .mistakes import possible_rows, provoke, rows_for
 from .targets import Target
@@ -62,6 +62,7 @@ TENANTS = st.sampled_from([None, None, 7])
 LONG_POOL = 1_040
 LONG_CHAIN = 1_010
 _T = TypeVar("_T")
+_D = TypeVar("_D", bound=Lockstep)
 
 
 @dataclass
@@ -99,7 +100,7 @@ class MachineConfig:
     stats: Stats = field(default_factory=Stats)
     #: signatures that halt an example instead of failing it (mutable:
     #: the campaign adds each finding between batches)
-    known: Set[str] = field(default_factory=set)
+    known: set[str] = field(default_factory=set)
     #: time.monotonic() past which the next step ends the batch
     #: (:class:`OutOfTime`), shrinking or not: a campaign's time budget ends
     #: within one step
@@ -157,35 +158,39 @@ def machine_rule(*, when: Optional[Callable[[Any], Any]] = None, swarm: bool = T
     return decorate
 
 
-class AllocatorMachine(RuleBasedStateMachine):
-    """Drives a target and the model in lockstep (``config`` says which
-    target and how; :func:`make_machine` makes the subclass)."""
+def swarm_rules(machine: type, *always_on: str) -> tuple[str, ...]:
+    """The rules of ``machine`` a swarm example may switch off: all but ``always_on``."""
+    return tuple(sorted(name for name, value in vars(machine).items()
+                        if hasattr(value, "hypothesis_stateful_rule") and name not in always_on))
+
+
+class LockstepMachine(RuleBasedStateMachine, Generic[_D]):
+    """What the machines of both profiles share: ``config``, the driver, the
+    rules a swarm example switched off, halting on known findings, and the
+    distinct transitions an example reached."""
 
     config: ClassVar[MachineConfig]
 
     def __init__(self) -> None:
         super().__init__()
-        self.driver: Optional[Driver] = None
-        self.seqs: List[Seq] = []
-        self.swapped: List[Seq] = []
-        self.detached: List[str] = []
-        self.history: List[List[str]] = []
-        self.mistake_order: Optional[List[ErrorCase]] = None  # the rows, this example's order
+        self.driver: Optional[_D] = None
         self.off: frozenset[str] = frozenset()
         self.halted = False
-        self.reached: Set[str] = set()
-        self.asked: Set[int] = set()  # sequence ids the ComputedBlocksTracker knows
-        self.access_tracked: Set[int] = set()  # and the LastAccessBlocksTracker
-        self.decoding: Set[int] = set()  # sequence ids appended to (out of prefill)
+        self.reached: set[str] = set()
         self.config.stats.examples += 1
 
-    # -- plumbing ----------------------------------------------------------
-
     @property
-    def d(self) -> Driver:
+    def d(self) -> _D:
+        """The driver (RuntimeError before ``begin``)."""
         if self.driver is None:
             raise RuntimeError("the machine has no driver before setup")
         return self.driver
+
+    def draw_swarm(self, data: st.DataObject, rules: Sequence[str]) -> None:
+        """Whether this is a swarm example and, if so, which of ``rules`` it switches off."""
+        if data.draw(st.booleans(), label="swarm"):
+            self.off = frozenset(name for name in rules
+                                 if data.draw(st.booleans(), label=f"{name} off"))
 
     def run(self, op: str, **args: Any) -> Step:
         """Run one step through the driver; a Violation of a known
@@ -239,6 +244,29 @@ class AllocatorMachine(RuleBasedStateMachine):
             stats.improved_at = time.monotonic()
         raise as_finding(violation)
 
+    def teardown(self) -> None:
+        """Tell Hypothesis how many distinct transitions this example reached."""
+        if self.driver is not None:
+            target(float(len(self.reached)), label="distinct transitions")
+
+
+class AllocatorMachine(LockstepMachine[Driver]):
+    """Drives a target and the model in lockstep (``config`` says which
+    target and how; :func:`make_machine` makes the subclass)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seqs: List[Seq] = []
+        self.swapped: List[Seq] = []
+        self.detached: List[str] = []
+        self.history: List[List[str]] = []
+        self.mistake_order: Optional[List[ErrorCase]] = None  # the rows, this example's order
+        self.asked: set[int] = set()  # sequence ids the ComputedBlocksTracker knows
+        self.access_tracked: set[int] = set()  # and the LastAccessBlocksTracker
+        self.decoding: set[int] = set()  # sequence ids appended to (out of prefill)
+
+    # -- plumbing ----------------------------------------------------------
+
     def ok(self) -> bool:
         return self.d.refused is None
 
@@ -285,9 +313,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         large = num_blocks != LONG_POOL and data.draw(st.integers(0, 7), label="size class") == 7
         block_size = data.draw(st.integers(4, 16) if large else st.integers(1, 3),
                                label="block_size")
-        if data.draw(st.booleans(), label="swarm"):
-            self.off = frozenset(name for name in SWARM_RULES
-                                 if data.draw(st.booleans(), label=f"{name} off"))
+        self.draw_swarm(data, SWARM_RULES)
         self.setup(num_blocks, block_size)
 
     def setup(self, num_blocks: int, block_size: int) -> None:
@@ -296,11 +322,6 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.driver = Driver(config.target, num_blocks, block_size,
                              white_box=config.white_box, semantics=config.semantics,
                              mistakes=config.mistakes, call_timeout=config.call_timeout)
-
-    def teardown(self) -> None:
-        """Tell Hypothesis how many distinct transitions this example reached."""
-        if self.driver is not None:
-            target(float(len(self.reached)), label="distinct transitions")
 
     # -- valid operations -------------------------------------------------------
 
@@ -833,16 +854,13 @@ class AllocatorMachine(RuleBasedStateMachine):
 #: The rules a swarm example may switch off: every rule but new_sequence
 #: (something must always be possible) and caller_mistakes (the mistakes need
 #: every example they can get: dozens of rows share one rule).
-SWARM_RULES = tuple(sorted(
-    name for name, value in vars(AllocatorMachine).items()
-    if callable(value) and hasattr(value, "hypothesis_stateful_rule")
-    and name not in ("new_sequence", "caller_mistakes")))
+SWARM_RULES = swarm_rules(AllocatorMachine, "new_sequence", "caller_mistakes")
 
 
 def make_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,
                  stats: Optional[Stats] = None, semantics: Optional[Semantics] = None,
                  call_timeout: Optional[float] = None,
-                 known: Optional[Set[str]] = None) -> Type[AllocatorMachine]:
+                 known: Optional[set[str]] = None) -> type[AllocatorMachine]:
     """The machine class that judges ``target`` against the model.
 
     ``mistakes`` adds the caller-mistake rule; ``white_box`` compares the

@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import math
 import types
-from collections import Counter
-from dataclasses import fields
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..model.v1_model import V1Model, V1Refusal
 from ..spec.semantics import PREFIXCACHE, Semantics
 from ..spec.v1_abstraction import abstract_v1
 from ..spec.v1_invariants import V1_INVARIANTS, check_all_v1
 from ..spec.v1_state import BlockHash, HashedContent, V1State, chain_hashes
-from .driver import Driver
+from .driver import Lockstep, after_call, first_difference
 from .mistakes import OracleError
 from .targets import Target
-from .trace import Step, Trace
+from .trace import Step
 from .v1_targets import V1_KIND, null_block_of, takes_evict_first
 from .violations import Violation
 from .vllm_v1_source import repr_sha256
@@ -76,21 +74,7 @@ def has_pool_internals(pool: Any) -> bool:
             and null_block_of(pool) is not None)
 
 
-def first_difference(a: V1State, b: V1State, ignore: Tuple[str, ...] = ()) -> Tuple[str, str]:
-    """(the field, a sentence) naming the first field of :class:`V1State`,
-    not in ``ignore``, where ``a`` and ``b`` differ, or ("", "")."""
-    for f in fields(V1State):
-        if f.name in ignore:
-            continue
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, dict) or isinstance(y, dict):
-            x, y = dict(x), dict(y)
-        if x != y:
-            return f.name, f"{f.name} is {x!r} vs {y!r}"
-    return "", ""
-
-
-class V1Driver:
+class V1Driver(Lockstep):
     """A target pool and the v1 model in lockstep, judged after every step.
 
     ``white_box`` compares abstract states and invariants where the target
@@ -105,14 +89,8 @@ class V1Driver:
                  check_model: bool = False) -> None:
         """A fresh target pool of ``num_blocks`` ids hashing every
         ``block_size`` tokens, and the model of the same pool."""
-        self.target = target
-        self.kind = V1_KIND
-        self.semantics = semantics
-        self.mistakes = mistakes
-        self.call_timeout = call_timeout
-        self.trace = Trace(num_blocks=num_blocks, block_size=block_size, kind=V1_KIND,
-                           target=target.name, strict=True, semantics=semantics.to_json())
-        self._op = "__init__"
+        super().__init__(target, num_blocks, block_size, kind=V1_KIND, strict=True,
+                         semantics=semantics, mistakes=mistakes, call_timeout=call_timeout)
         self.pool = self._guard("construct the target",
                                 lambda: target.make(num_blocks, block_size))
         self.model = V1Model(num_blocks, block_size, check_invariants=check_model)
@@ -124,20 +102,9 @@ class V1Driver:
         self.white = white_box and has_pool_internals(self.pool)
         #: whether the pool's free_blocks takes evict_first (new in 0.34.0)
         self.evict_first = takes_evict_first(self.pool)
-        self.refused: Optional[str] = None
-        self.step_events: List[str] = []
-        self.events: Counter[str] = Counter()
         self._before: Optional[V1State] = self._abstract() if self.white else None
 
     # -- helpers ------------------------------------------------------------------------
-
-    #: v0's driver's: count a coverage label; a violation at this step; a call
-    #: under the call timeout; one outside any step, a crash of it a violation
-    _event: Callable[..., None] = cast(Any, Driver._event)
-    _step_no: Callable[..., int] = cast(Any, Driver._step_no)
-    _fail: Callable[..., Violation] = cast(Any, Driver._fail)
-    _timed: Callable[..., Any] = cast(Any, Driver._timed)
-    _guard: Callable[..., Any] = cast(Any, Driver._guard)
 
     def can_name(self, block_id: int) -> bool:
         """Whether the driver can hand the target block ``block_id``."""
@@ -230,10 +197,7 @@ class V1Driver:
     # -- the step -------------------------------------------------------------------------
 
     def run(self, step: Step) -> Any:
-        """Execute ``step`` on both sides and judge the target; returns the
-        target's result.  Raises Violation."""
-        self.refused, self.step_events, self._op = None, [], step.op
-        self.trace.steps.append(step)
+        self._begin(step)
         self._event(f"op:{step.op}")
         args = {k: v for k, v in step.args.items() if not k.startswith("_")}
         keys_before = dict(self.model.key_of)
@@ -259,8 +223,7 @@ class V1Driver:
                 self._judge_success(step, t_res, t_exc, m_res)
                 self._note_events(step, keys_before, m_res)
         except Violation as violation:
-            self.trace.violation = violation.to_json()
-            violation.trace = self.trace
+            self._attach_trace(violation)
             raise
         return t_res
 
@@ -281,24 +244,17 @@ class V1Driver:
                               "although mistakes are off")
         category = "conformance" if capacity else "robustness"
         self._event("refused:no-free-blocks" if capacity else f"caller-mistake:{row or step.op}")
-        suffix = "" if capacity else f":{tag}"
-        if t_exc is None:
-            raise self._fail(category, f"{step.op}: the spec raises ValueError ({m_exc}), "
-                             "the target accepted the call", f"no-ValueError{suffix}")
         accepted = isinstance(t_exc, ValueError) or (
             not capacity and self.semantics.any_mistake_exception and isinstance(t_exc, Exception))
         if not accepted:
-            raise self._fail(category, f"{step.op}: the spec raises ValueError ({m_exc}), the "
-                             f"target raised {type(t_exc).__name__}: {t_exc}",
-                             f"not-ValueError{suffix}")
+            raise self._unlike_refusal(step, category, "ValueError", m_exc, t_exc,
+                                       "" if capacity else f":{tag}")
         self._compare_after(step, unchanged=True)
 
     def _judge_success(self, step: Step, t_res: Any, t_exc: Optional[BaseException],
                        m_res: Any) -> None:
         if t_exc is not None:
-            category = "conformance" if isinstance(t_exc, V1_API_EXCEPTIONS) else "crash"
-            raise self._fail(category, f"{step.op}: a valid call raised "
-                             f"{type(t_exc).__name__}: {t_exc}", f"raised-{type(t_exc).__name__}")
+            raise self._valid_call_raised(step, t_exc, V1_API_EXCEPTIONS)
         if step.op == "get_usage":
             same = isinstance(t_res, (int, float)) and math.isclose(
                 t_res, m_res, rel_tol=1e-9, abs_tol=1e-12)
@@ -312,35 +268,22 @@ class V1Driver:
         self._compare_after(step, unchanged=False)
 
     def _compare_after(self, step: Step, *, unchanged: bool) -> None:
-        what = "after a refused call" if unchanged else "after the call"
-        category = "robustness" if unchanged else "conformance"
-        t_free = self.pool.get_num_free_blocks()
-        m_free = self.model.get_num_free_blocks()
-        if t_free != m_free:
-            raise self._fail(category, f"{step.op}: {what}, get_num_free_blocks() is {t_free} "
-                             f"in the target, {m_free} in the spec", "free-count")
+        self._compare_free(step, unchanged, {"": (self.pool.get_num_free_blocks(),
+                                                  self.model.get_num_free_blocks())})
         t_usage, m_usage = self.pool.get_usage(), self.model.get_usage()
         if not math.isclose(t_usage, m_usage, rel_tol=1e-9, abs_tol=1e-12):
-            raise self._fail(category, f"{step.op}: {what}, get_usage() is {t_usage} in the "
+            raise self._fail("robustness" if unchanged else "conformance",
+                             f"{step.op}: {after_call(unchanged)}, get_usage() is {t_usage} in the "
                              f"target, {m_usage} in the spec", "usage")
         if not self.white:
             return
         state = self._abstract()
-        if unchanged and self._before is not None:
-            # contents: what the caller knows of its hashes (the model records a
-            # refused call's hashes too), not the pool's state
-            part, diff = first_difference(self._before, state, ignore=("contents",))
-            if diff:
-                raise self._fail("robustness", f"{step.op} was refused but changed the "
-                                 f"state: {diff}", f"changed:{part}")
-        broken = check_all_v1(state)
-        if broken:
-            raise self._fail("invariant", f"{step.op}: the target's state breaks "
-                             f"{', '.join(broken)} ({_MEANINGS[broken[0]]})", broken[0])
-        part, diff = first_difference(state, self.model.state())
-        if diff:
-            raise self._fail("conformance", f"{step.op}: {diff} (target vs spec)",
-                             f"state:{part}")
+        # contents: what the caller knows of its hashes (the model records a
+        # refused call's hashes too), not the pool's state
+        changed = first_difference(self._before, state, ignore=("contents",)) \
+            if unchanged and self._before is not None else ("", "")
+        self._judge_state(step, changed, check_all_v1(state), _MEANINGS,
+                          lambda: first_difference(state, self.model.state()))
         self._before = state
 
     def _note_events(self, step: Step, keys_before: Dict[int, Any], result: Any) -> None:

@@ -10,23 +10,22 @@ blocks of 1-3 tokens, blocks of one or two hash blocks, tokens from {0, 1, 2},
 chains that reuse earlier chains' prefixes (duplicate keys), two salts and two
 groups.  Half the examples are swarm examples, as in v0's machine, and the
 plumbing (the budget, known findings that halt an example, one class per
-signature) is v0's (:class:`~prefixcache.oracle.machine.AllocatorMachine`).
+signature) is v0's (:class:`~prefixcache.oracle.machine.LockstepMachine`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Set, Tuple, Type, cast
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize
+from hypothesis.stateful import initialize
 
 from ..model.v1_model import V1Model
 from ..spec.semantics import Semantics
 from ..spec.v1_error_table import V1_ERROR_TABLE
-from .machine import AllocatorMachine, MachineConfig, Stats, machine_rule, make_machine
+from .machine import LockstepMachine, Stats, machine_rule, make_machine, swarm_rules
 from .targets import Target
-from .trace import Step
 from .v1_driver import V1Driver
 
 Tokens = Tuple[int, ...]
@@ -35,36 +34,17 @@ SALTS = st.sampled_from([None, None, "a"])
 GROUPS = st.integers(0, 1)
 
 
-class V1Machine(RuleBasedStateMachine):
+class V1Machine(LockstepMachine[V1Driver]):
     """Drives a target pool and the v1 model in lockstep (``config`` says
     which target and how; :func:`make_v1_machine` makes the subclass)."""
 
-    config: ClassVar[MachineConfig]
-
-    #: v0's plumbing: run a step, halt on known findings, raise new ones
-    #: as findings of their own class
-    run: Callable[..., Step] = cast(Any, AllocatorMachine.run)
-    _judge: Callable[..., None] = cast(Any, AllocatorMachine._judge)
-
     def __init__(self) -> None:
         super().__init__()
-        self.driver: Optional[V1Driver] = None
         self.held: List[int] = []  # one entry per reference the caller holds
         #: every chain cached or looked up so far: (tokens, salt, group)
         self.chains: List[Tuple[List[Tokens], Optional[str], int]] = []
         #: every block cached so far: (its chain, salt, group, blocks' scale, position)
         self.entries: List[Tuple[List[Tokens], Optional[str], int, int, int]] = []
-        #: v0's plumbing's state: the rules a swarm example switched off, whether a
-        #: known finding halted the example, the coverage labels it reached
-        self.off, self.halted, self.reached = frozenset[str](), False, set[str]()
-        self.config.stats.examples += 1
-
-    @property
-    def d(self) -> V1Driver:
-        """The driver (RuntimeError before ``begin``)."""
-        if self.driver is not None:
-            return self.driver
-        raise RuntimeError("the machine has no driver before setup")
 
     @property
     def model(self) -> V1Model:
@@ -94,16 +74,11 @@ class V1Machine(RuleBasedStateMachine):
         num_blocks = data.draw(st.integers(8, 24) if large else st.integers(1, 7),
                                label="num_blocks")
         hash_block_size = data.draw(st.integers(1, 3), label="hash_block_size")
-        if data.draw(st.booleans(), label="swarm"):
-            self.off = frozenset(name for name in V1_SWARM_RULES
-                                 if data.draw(st.booleans(), label=f"{name} off"))
+        self.draw_swarm(data, V1_SWARM_RULES)
         config = self.config
         self.driver = V1Driver(config.target, num_blocks, hash_block_size,
                                white_box=config.white_box, semantics=config.semantics,
                                mistakes=config.mistakes, call_timeout=config.call_timeout)
-
-    #: v0's: tell Hypothesis how many distinct transitions this example reached
-    teardown: Callable[..., None] = cast(Any, AllocatorMachine.teardown)
 
     # -- valid operations -----------------------------------------------------------------
 
@@ -302,9 +277,7 @@ class V1Machine(RuleBasedStateMachine):
 V1_MISTAKE_ROWS = tuple(r.key for r in V1_ERROR_TABLE if r.key != "get_new_blocks:too-many")
 
 #: The rules a swarm example may switch off: all but new_blocks and caller_mistakes.
-V1_SWARM_RULES = tuple(sorted(
-    {name for name, value in vars(V1Machine).items() if hasattr(value, "hypothesis_stateful_rule")}
-    - {"new_blocks", "caller_mistakes"}))
+V1_SWARM_RULES = swarm_rules(V1Machine, "new_blocks", "caller_mistakes")
 
 
 def make_v1_machine(target: Target, *, mistakes: bool = True, white_box: bool = True,

@@ -67,8 +67,8 @@ class Violation(AssertionError):
 
 
 def _rebuild(category: str, message: str, step: Optional[int], operation: str, rule: str,
-             trace: Any) -> Violation:
-    violation = Violation(category, message, step, operation=operation, rule=rule)
+             trace: Any, cls: type = Violation) -> Violation:
+    violation: Violation = cls(category, message, step, operation=operation, rule=rule)
     violation.trace = trace
     return violation
 
@@ -87,7 +87,5 @@ def as_finding(violation: Violation) -> Violation:
     if cls is None:
         cls = _FINDING_CLASSES[violation.signature] = type(
             f"Finding[{violation.signature}]", (Violation,), {"__module__": __name__})
-    finding: Violation = cls(violation.category, violation.message, violation.step,
-                             operation=violation.operation, rule=violation.rule)
-    finding.trace = violation.trace
-    return finding
+    return _rebuild(violation.category, violation.message, violation.step, violation.operation,
+                    violation.rule, violation.trace, cls)

@@ -172,6 +172,18 @@ class VllmSourceError(RuntimeError):
 
 # -- the stub modules (what the extracted files import) ------------------------------
 
+#: The stubs of a package with nothing of its own, and of ``vllm.logger`` (every layout's).
+STUB_PACKAGE = '"""Stub package (prefixcache)."""\n'
+STUB_LOGGER = '''\
+"""Stand-in for vllm.logger: plain stdlib loggers."""
+
+import logging
+
+
+def init_logger(name):
+    return logging.getLogger(name)
+'''
+
 def _stubs(version: str) -> Dict[str, str]:
     """The stub modules of the tree, by path inside the vllm package."""
     return {
@@ -184,16 +196,8 @@ Only vllm/core/block/*.py and vllm/core/evictor.py come from the vLLM
 PREFIXCACHE_STUB = True
 __version__ = "{version}"
 ''',
-        "core/__init__.py": '"""Stub package (prefixcache)."""\n',
-        "logger.py": '''\
-"""Stand-in for vllm.logger: plain stdlib loggers."""
-
-import logging
-
-
-def init_logger(name):
-    return logging.getLogger(name)
-''',
+        "core/__init__.py": STUB_PACKAGE,
+        "logger.py": STUB_LOGGER,
         "platforms/__init__.py": '''\
 """Stand-in for vllm.platforms: a CPU-only platform that is not an HPU."""
 

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .vllm_source import (
+    STUB_LOGGER,
+    STUB_PACKAGE,
     Edits,
     Layout,
     Pin,
@@ -100,7 +102,6 @@ def _stand_in(module: str) -> str:
 def _v1_stubs(version: str) -> Dict[str, str]:
     """The stub modules of a v1 tree, by path inside the vllm package (the
     same for every pinned release)."""
-    package = '"""Stub package (prefixcache)."""\n'
     return {
         "__init__.py": f'''\
 """Stub ``vllm`` package written by prefixcache.oracle.vllm_v1_source.
@@ -113,16 +114,8 @@ __version__ = "{version}"
 ''',
         "envs.py": '"""Stand-in for vllm.envs."""\n\nVLLM_KV_EVENTS_USE_INT_BLOCK_HASHES = False\n',
         "config.py": _stand_in("vllm.config"),
-        "logger.py": '''\
-"""Stand-in for vllm.logger: plain stdlib loggers."""
-
-import logging
-
-
-def init_logger(name):
-    return logging.getLogger(name)
-''',
-        "distributed/__init__.py": package,
+        "logger.py": STUB_LOGGER,
+        "distributed/__init__.py": STUB_PACKAGE,
         "distributed/kv_events.py": '''\
 """Stand-in for vllm.distributed.kv_events: events that record their fields."""
 
@@ -150,9 +143,9 @@ class BlockRemoved(KVCacheEvent):
 class AllBlocksCleared(KVCacheEvent):
     pass
 ''',
-        "multimodal/__init__.py": package,
+        "multimodal/__init__.py": STUB_PACKAGE,
         "multimodal/utils.py": _stand_in("vllm.multimodal.utils"),
-        "utils/__init__.py": package,
+        "utils/__init__.py": STUB_PACKAGE,
         "utils/gc_utils.py": '''\
 """Stand-in for vllm.utils.gc_utils."""
 
@@ -176,13 +169,13 @@ def round_up(x, y):
 ''',
         "utils/mem_utils.py": _stand_in("vllm.utils.mem_utils"),
         "utils/torch_utils.py": _stand_in("vllm.utils.torch_utils"),
-        "v1/__init__.py": package,
-        "v1/core/__init__.py": package,
+        "v1/__init__.py": STUB_PACKAGE,
+        "v1/core/__init__.py": STUB_PACKAGE,
         "v1/core/kv_cache_metrics.py": _stand_in("vllm.v1.core.kv_cache_metrics"),
         "v1/request.py": _stand_in("vllm.v1.request"),
         "v1/kv_cache_interface.py": _stand_in("vllm.v1.kv_cache_interface"),
         "v1/kv_cache_spec_registry.py": _stand_in("vllm.v1.kv_cache_spec_registry"),
-        "v1/hisparse/__init__.py": package,
+        "v1/hisparse/__init__.py": STUB_PACKAGE,
         "v1/hisparse/layout.py": _stand_in("vllm.v1.hisparse.layout"),
         "v1/token_buffer.py": '''\
 """Stand-in for vllm.v1.token_buffer."""
