@@ -669,17 +669,6 @@ def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
     return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)
 
 
-def device_name(device: Any) -> str:
-    """Return the name of a device enum member (``"GPU"``, ``"CPU"``)."""
-    return str(getattr(device, "name", device))
-
-
-def device_allocators(allocator: Any) -> Dict[str, Any]:
-    """Return device name -> per-device allocator of a ``CpuGpuBlockAllocator``
-    (read from its ``_allocators``)."""
-    return {device_name(d): a for d, a in allocator._allocators.items()}
-
-
 def abstract_device_states(
     allocator: Any,
     contents: Optional[Mapping[BlockId, Optional[ContentKey]]] = None,
@@ -687,16 +676,14 @@ def abstract_device_states(
     ledger: Optional[ContentLedger] = None,
     live_blocks: Optional[Iterable[Any]] = None,
 ) -> Dict[str, AbstractState]:
-    """Return device name -> abstract state of each per-device allocator of a
-    ``CpuGpuBlockAllocator``; ``contents`` may hold ids of every device (ids
-    are disjoint across devices)."""
+    """Return device name (``"GPU"``, ``"CPU"``) -> abstract state of each
+    per-device allocator (its ``_allocators``) of a ``CpuGpuBlockAllocator``;
+    ``contents`` may hold ids of every device (disjoint across devices)."""
     if ledger is None:
         ledger = ContentLedger()
     contents = _with_live_contents(contents, live_blocks, ledger)
-    return {
-        name: abstract_state(a, contents, ledger=ledger)
-        for name, a in device_allocators(allocator).items()
-    }
+    return {str(getattr(device, "name", device)): abstract_state(a, contents, ledger=ledger)
+            for device, a in allocator._allocators.items()}
 
 
 __all__ = [
@@ -711,8 +698,6 @@ __all__ = [
     "chain_keys",
     "content_key_of",
     "contents_of",
-    "device_allocators",
-    "device_name",
     "hits_and_misses",
     "is_prefix_caching",
     "ownership",

@@ -2,7 +2,7 @@
 
 Small functions over plain tuples and ints that state, once, four things the
 spec relies on: how content keys chain (:func:`chain_key`,
-:func:`chain_keys`, :func:`flat_key`), the prefix search
+:func:`chain_keys`), the prefix search
 (:func:`longest_ready_prefix`), the eviction choice (:func:`eviction_rank`,
 :func:`victim`) and the hit rate (:func:`hit_rate`,
 :func:`bucketed_hit_rate`, :func:`fold_hit_rate`).  Each carries an icontract
@@ -155,33 +155,6 @@ def chain_keys(pairs: Sequence[Pair]) -> Tuple[ChainKey, ...]:
         parent = chain_key(parent, extra, tokens)
         out.append(parent)
     return tuple(out)
-
-
-def _total_tokens(key: ChainKey) -> int:
-    n = 0
-    for _, tokens in key:
-        n += len(tokens)
-    return n
-
-
-def _flattens(key: ChainKey, flat: Tuple[Optional[int], Tokens]) -> bool:
-    """The last block's extra hash; every token, the last block's at the end."""
-    extra, tokens = flat
-    last = key[-1][1]
-    return (extra == key[-1][0] and len(tokens) == _total_tokens(key)
-            and tokens[len(tokens) - len(last):] == last)
-
-
-@require(lambda key: len(key) > 0, "a key names at least one block")
-@bound(lambda key: small_pairs(key), "a small chain")
-@ensure(lambda key, result: _flattens(key, result),
-        "the last block's extra hash and every token of the chain, in order")
-def flat_key(key: ChainKey) -> Tuple[Optional[int], Tokens]:
-    """Return the (extra hash, tokens) spelling of a chain key: the last
-    block's extra hash and every token of the chain, first block first.
-    (Coarser than the chain key: it forgets the earlier blocks' extra
-    hashes and where one block ends and the next begins.)"""
-    return (key[-1][0], tuple(t for _, toks in key for t in toks))
 
 
 # ==========================================================================
@@ -387,7 +360,6 @@ __all__ = [
     "ensure",
     "every",
     "eviction_rank",
-    "flat_key",
     "fold_hit_rate",
     "hit_rate",
     "is_longest_ready_prefix",
