@@ -377,10 +377,13 @@ class Checker:
             sig = self._signatures[fn] = inspect.signature(fn)
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        b = self.adapters[op](self, bound.arguments)
-        rec = Record(op=op, old=old, pre=b.pre(old), post=b.post, finish=b.finish)
-        self.record = rec
-        return rec
+        return self._record(op, old, bound.arguments)
+
+    def _record(self, op: str, old: AbstractState, arguments: Mapping[str, Any]) -> Record:
+        """Keep in ``record`` what the postcondition of ``op`` needs."""
+        b = self.adapters[op](self, arguments)
+        self.record = Record(op=op, old=old, pre=b.pre(old), post=b.post, finish=b.finish)
+        return self.record
 
     def call(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Run the impl's method one level deeper and feed the ledger with
@@ -615,24 +618,19 @@ class Checker:
         if self.depth > 0:
             fn(token_ids)
             return
+        arguments = {"block": block, "token_ids": token_ids}
         if self.mode == INCREMENTAL:
-            self.run_bound("append_token_ids", lambda: fn(token_ids),
-                           {"block": block, "token_ids": token_ids})
+            self.run_bound("append_token_ids", lambda: fn(token_ids), arguments)
             return
         self.cache = None
-        old = self.state()
-        b = self.adapters["append_token_ids"](self, {"block": block, "token_ids": token_ids})
-        rec = Record(op="append_token_ids", old=old, pre=b.pre(old), post=b.post,
-                     finish=b.finish)
-        self.record = rec
+        rec = self._record("append_token_ids", self.state(), arguments)
         self.call(fn, (token_ids,), {})
         self.observe(block)
-        ok = self.post(rec, None)
-        self.cache = None
-        if not ok or not self.invariants_hold():
+        try:
+            if not (self.post(rec, None) and self.invariants_hold()):
+                raise icontract.ViolationError(self.failure)
+        finally:
             self.cache = None
-            raise icontract.ViolationError(self.failure)
-        self.cache = None
 
 
 def _ids_in(value: Any) -> List[BlockId]:
@@ -935,11 +933,13 @@ def _checked_method(name: str, fn: Callable[..., Any], mode: str) -> Callable[..
     return snap(ensure(method))
 
 
-def _contracted(kind: str, adapters: Mapping[str, Adapter]) -> List[str]:
-    """The methods of an allocator of ``kind`` that get a contract: every
-    allocator method of the table of operations (not a property), each of
-    which must have an adapter here, and the adapters must name nothing else
-    (the Block's ``append_token_ids`` is checked by the checked Block)."""
+def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter],
+                   mode: str) -> type:
+    """Give ``cls`` a checked method per allocator method of the table of
+    operations of ``kind`` (not a property; the Block's ``append_token_ids``
+    is checked by the checked Block), each of which must have an adapter
+    here, and the adapters must name nothing else; return it, with the
+    icontract class invariant in ``full`` mode."""
     names = [op.name for op in OPERATIONS if kind in op.allocators and not op.attribute]
     methods = [n for n in names if operation(n).owner == "allocator"]
     unknown = sorted(set(adapters) - set(names))
@@ -947,16 +947,15 @@ def _contracted(kind: str, adapters: Mapping[str, Adapter]) -> List[str]:
     if unknown or lacking:
         raise RuntimeError(f"the {kind} adapters and the table of operations differ: "
                            f"no such operation {unknown}, no adapter for {lacking}")
-    return methods
-
-
-def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter],
-                   mode: str) -> type:
-    """Give ``cls`` a checked method per operation; return it, with the
-    icontract class invariant in ``full`` mode."""
-    for name in _contracted(kind, adapters):
+    for name in methods:
         setattr(cls, name, _checked_method(name, getattr(base, name), mode))
-    return _invariant(cls) if mode == FULL else cls
+    if mode != FULL:
+        return cls
+    import icontract
+
+    return icontract.invariant(lambda self: self._pc.invariants_hold(),
+                               description="the spec's invariants",
+                               error=lambda self: icontract.ViolationError(self._pc.failure))(cls)
 
 
 def _construct(self: Any, adapters: Mapping[str, Adapter], mode: str,
@@ -971,16 +970,6 @@ def _construct(self: Any, adapters: Mapping[str, Adapter], mode: str,
         self._pc.depth = 0
     if mode == INCREMENTAL:
         self._pc.start()
-
-
-def _invariant(cls: type) -> type:
-    import icontract
-
-    return icontract.invariant(
-        lambda self: self._pc.invariants_hold(),
-        description="the spec's invariants",
-        error=lambda self: icontract.ViolationError(self._pc.failure),
-    )(cls)
 
 
 _CHECKED_BLOCKS: Dict[type, type] = {}
@@ -1034,6 +1023,11 @@ def _named(cls: type, base: type, plain: type) -> None:
         cls.__name__ = cls.__qualname__ = f"Checked{base.__name__}"
 
 
+def _audit(self: Any) -> None:
+    """The full check (see :meth:`Checker.audit`)."""
+    self._pc.audit()
+
+
 def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
     class CheckedPrefixCachingBlockAllocator(base):  # type: ignore[valid-type,misc]
         """PrefixCachingBlockAllocator with the spec's invariants and
@@ -1045,9 +1039,7 @@ def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
         def _create_block(self, *args: Any, **kwargs: Any) -> Any:
             return _checked_block(base._create_block(self, *args, **kwargs))
 
-        def audit(self) -> None:
-            """The full check (see :meth:`Checker.audit`)."""
-            self._pc.audit()
+        audit = _audit
 
     _named(CheckedPrefixCachingBlockAllocator, base, PrefixCachingBlockAllocator)
     return _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX, PREFIX_ADAPTERS, mode)
@@ -1068,9 +1060,7 @@ def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
                 self, make if callable(create_block) else create_block, num_blocks,
                 block_size, block_ids, block_pool))
 
-        def audit(self) -> None:
-            """The full check (see :meth:`Checker.audit`)."""
-            self._pc.audit()
+        audit = _audit
 
     _named(CheckedNaiveBlockAllocator, base, NaiveBlockAllocator)
     return _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE, NAIVE_ADAPTERS, mode)
