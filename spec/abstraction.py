@@ -467,9 +467,14 @@ def abstract_state(
     if ledger is None:
         ledger = ContentLedger()
     if part is not None:
-        ids = block_ids if block_ids is None or isinstance(block_ids, (range, tuple)) else \
-            block_ids if isinstance(block_ids, Sequence) else tuple(block_ids)
-        return _partial_state(allocator, ledger, part, reported_free, ids, reuse, computed)
+        if block_ids is None:
+            raise ValueError("a partial state needs the allocator's block_ids")
+        ids = block_ids if isinstance(block_ids, (range, tuple, Sequence)) else tuple(block_ids)
+        if is_prefix_caching(allocator):
+            return _state(allocator, ledger, None, None, reported_free, ids, part, reuse, computed)
+        whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
+        free = getattr(allocator, "_free_block_indices", ())
+        return _restricted(dict(whole.__dict__), free, part, 0, 0, ids)
     if not is_prefix_caching(allocator):
         return _naive_state(allocator, reported_free, block_ids)
     return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids,
@@ -651,22 +656,6 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
         outside_evictable=num_evictable - len(fields["evictor"]),
         outside_cached=num_cached - len(fields["cached"]))
     return state
-
-
-def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
-                   reported_free: Optional[int],
-                   block_ids: Optional[Sequence[BlockId]],
-                   reuse: Optional[Reuse] = None,
-                   computed: Optional[Callable[[BlockId], Any]] = None) -> PartialState:
-    """:func:`abstract_state` restricted to ``part`` (ids, keys)."""
-    if block_ids is None:
-        raise ValueError("a partial state needs the allocator's block_ids")
-    if is_prefix_caching(allocator):
-        return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
-                      block_ids, part, reuse, computed)
-    whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
-    free = getattr(allocator, "_free_block_indices", ())
-    return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)
 
 
 def abstract_device_states(
