@@ -135,10 +135,8 @@ def content_key_of(block: Any) -> ContentKey:
     """Return the content key a Block spells (:func:`.pure.chain_key` along
     its chain, from the first block through itself).  Pure: reads
     ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
-    key: ContentKey = ()
-    for b in chain_of(block):
-        key = _chain_key(key, *_pair(b))
-    return key
+    keys = chain_keys(block)
+    return keys[-1][1] if keys else ()
 
 
 def _memoised_keys() -> Callable[[Any], ContentKey]:

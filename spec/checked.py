@@ -229,9 +229,9 @@ class Checker:
 
     # -- reading ---------------------------------------------------------------
 
-    def _read(self, part: Optional[Part] = None) -> AbstractState:
-        """The allocator's abstract state now (``part``: at those elements),
-        read through the undecorated ``all_block_ids`` and
+    def state(self, part: Optional[Part] = None) -> AbstractState:
+        """The allocator's abstract state now (whole, or with ``part`` at those
+        elements), read through the undecorated ``all_block_ids`` and
         ``get_num_free_blocks`` of the instance's class (so no contract runs
         inside the reading)."""
         a = self.allocator
@@ -256,14 +256,10 @@ class Checker:
         finally:
             self.depth -= 1
 
-    def state(self) -> AbstractState:
-        """The allocator's whole abstract state now."""
-        return self._read()
-
     def _checked_state(self, when: str, part: Optional[Part] = None) -> AbstractState:
-        """``_read(part)``, with an unnameable content turned into a violation."""
+        """``state(part)``, with an unnameable content turned into a violation."""
         try:
-            return self._read(part)
+            return self.state(part)
         except AbstractionError as exc:
             import icontract
 
@@ -933,9 +929,10 @@ def _checked_method(name: str, fn: Callable[..., Any], mode: str) -> Callable[..
     return snap(ensure(method))
 
 
-def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter],
-                   mode: str) -> type:
-    """Give ``cls`` a checked method per allocator method of the table of
+def _add_contracts(cls: type, base: type, plain: type, kind: str,
+                   adapters: Mapping[str, Adapter], mode: str) -> type:
+    """Name ``cls`` after ``base`` unless that is the impl's ``plain`` class;
+    give it a checked method per allocator method of the table of
     operations of ``kind`` (not a property; the Block's ``append_token_ids``
     is checked by the checked Block), each of which must have an adapter
     here, and the adapters must name nothing else; return it, with the
@@ -947,6 +944,8 @@ def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adap
     if unknown or lacking:
         raise RuntimeError(f"the {kind} adapters and the table of operations differ: "
                            f"no such operation {unknown}, no adapter for {lacking}")
+    if base is not plain:
+        cls.__name__ = cls.__qualname__ = f"Checked{base.__name__}"
     for name in methods:
         setattr(cls, name, _checked_method(name, getattr(base, name), mode))
     if mode != FULL:
@@ -1018,11 +1017,6 @@ def checked_class(base: type, check: Optional[str] = None) -> type:
     raise TypeError(f"checked_class needs a prefixcache.impl allocator class, got {base!r}")
 
 
-def _named(cls: type, base: type, plain: type) -> None:
-    if base is not plain:
-        cls.__name__ = cls.__qualname__ = f"Checked{base.__name__}"
-
-
 def _audit(self: Any) -> None:
     """The full check (see :meth:`Checker.audit`)."""
     self._pc.audit()
@@ -1041,8 +1035,8 @@ def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
 
         audit = _audit
 
-    _named(CheckedPrefixCachingBlockAllocator, base, PrefixCachingBlockAllocator)
-    return _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX, PREFIX_ADAPTERS, mode)
+    return _add_contracts(CheckedPrefixCachingBlockAllocator, base, PrefixCachingBlockAllocator,
+                          PREFIX, PREFIX_ADAPTERS, mode)
 
 
 def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
@@ -1062,8 +1056,8 @@ def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
 
         audit = _audit
 
-    _named(CheckedNaiveBlockAllocator, base, NaiveBlockAllocator)
-    return _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE, NAIVE_ADAPTERS, mode)
+    return _add_contracts(CheckedNaiveBlockAllocator, base, NaiveBlockAllocator, NAIVE,
+                          NAIVE_ADAPTERS, mode)
 
 
 def _build_cpu_gpu(prefix_cls: type, naive_cls: type) -> Type[CpuGpuBlockAllocator]:

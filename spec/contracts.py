@@ -80,10 +80,6 @@ def _sorted_evictor(entries: Sequence[EvictorEntry]) -> Tuple[EvictorEntry, ...]
     return tuple(sorted(entries, key=EvictorEntry.eviction_rank))
 
 
-def _without_entry(s: AbstractState, i: BlockId) -> Tuple[EvictorEntry, ...]:
-    return tuple(e for e in s.evictor if e.block_id != i)
-
-
 def agrees(expected: AbstractState, new: AbstractState, released: AbstractSet[BlockId]) -> bool:
     """``new`` equals ``expected`` except that the ids in ``released`` (put
     back on the free list) may sit anywhere in ``new.free``."""
@@ -185,7 +181,7 @@ def share(s: AbstractState, key: ContentKey) -> Step:
         return (replace(s, blocks=blocks), i, frozenset())
     blocks[i] = BlockState(refcount=1, content=key, computed=i not in s.touched,
                            last_accessed=NEVER_ACCESSED)
-    s2 = replace(s, blocks=blocks, evictor=_without_entry(s, i),
+    s2 = replace(s, blocks=blocks, evictor=tuple(e for e in s.evictor if e.block_id != i),
                  reported_free=s.reported_free - 1)
     return (s2, i, frozenset())
 

@@ -177,7 +177,8 @@ def is_longest_ready_prefix(keys: Sequence[K], ready: Container[K], result: int)
 
 
 def _few_keys(keys: Sequence[Any]) -> bool:
-    """At most :data:`BOUND` keys."""
+    """At most :data:`BOUND` keys (a named function: icontract reads a
+    condition lambda only where a decorator states it)."""
     return small(len(keys))
 
 
@@ -307,18 +308,12 @@ def bucketed_hit_rate(bucket_hits: Sequence[int], open_hits: int, open_queries: 
     return (completed + partial) / weight
 
 
-def count_hits(outcomes: Sequence[bool]) -> int:
-    """How many of the query outcomes are hits (True)."""
-    n = 0
-    for hit in outcomes:
-        if hit:
-            n += 1
-    return n
-
-
 def rate_of(outcomes: Sequence[bool]) -> float:
     """hits / queries of the query outcomes (True for a hit), 0.0 with none."""
-    hits = count_hits(outcomes)
+    hits = 0
+    for hit in outcomes:
+        if hit:
+            hits += 1
     return hit_rate(hits, len(outcomes) - hits)
 
 
@@ -355,7 +350,6 @@ __all__ = [
     "chain_key",
     "chain_keys",
     "close",
-    "count_hits",
     "distinct_ids",
     "ensure",
     "every",
