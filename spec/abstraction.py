@@ -135,10 +135,8 @@ def content_key_of(block: Any) -> ContentKey:
     """Return the content key a Block spells (:func:`.pure.chain_key` along
     its chain, from the first block through itself).  Pure: reads
     ``prev_block``, ``token_ids`` and ``extra_hash`` only."""
-    key: ContentKey = ()
-    for b in chain_of(block):
-        key = _chain_key(key, *_pair(b))
-    return key
+    keys = chain_keys(block)
+    return keys[-1][1] if keys else ()
 
 
 def _memoised_keys() -> Callable[[Any], ContentKey]:
@@ -467,9 +465,14 @@ def abstract_state(
     if ledger is None:
         ledger = ContentLedger()
     if part is not None:
-        ids = block_ids if block_ids is None or isinstance(block_ids, (range, tuple)) else \
-            block_ids if isinstance(block_ids, Sequence) else tuple(block_ids)
-        return _partial_state(allocator, ledger, part, reported_free, ids, reuse, computed)
+        if block_ids is None:
+            raise ValueError("a partial state needs the allocator's block_ids")
+        ids = block_ids if isinstance(block_ids, (range, tuple, Sequence)) else tuple(block_ids)
+        if is_prefix_caching(allocator):
+            return _state(allocator, ledger, None, None, reported_free, ids, part, reuse, computed)
+        whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
+        free = getattr(allocator, "_free_block_indices", ())
+        return _restricted(dict(whole.__dict__), free, part, 0, 0, ids)
     if not is_prefix_caching(allocator):
         return _naive_state(allocator, reported_free, block_ids)
     return _state(allocator, ledger, contents, live_blocks, reported_free, block_ids,
@@ -653,33 +656,6 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
     return state
 
 
-def _partial_state(allocator: Any, ledger: ContentLedger, part: Part,
-                   reported_free: Optional[int],
-                   block_ids: Optional[Sequence[BlockId]],
-                   reuse: Optional[Reuse] = None,
-                   computed: Optional[Callable[[BlockId], Any]] = None) -> PartialState:
-    """:func:`abstract_state` restricted to ``part`` (ids, keys)."""
-    if block_ids is None:
-        raise ValueError("a partial state needs the allocator's block_ids")
-    if is_prefix_caching(allocator):
-        return _state(allocator, ledger, None, None, reported_free,  # type: ignore[return-value]
-                      block_ids, part, reuse, computed)
-    whole = _naive_state(allocator, reported_free, sorted(part[0]), whole=False)
-    free = getattr(allocator, "_free_block_indices", ())
-    return _restricted(dict(whole.__dict__), free, part, 0, 0, block_ids)
-
-
-def device_name(device: Any) -> str:
-    """Return the name of a device enum member (``"GPU"``, ``"CPU"``)."""
-    return str(getattr(device, "name", device))
-
-
-def device_allocators(allocator: Any) -> Dict[str, Any]:
-    """Return device name -> per-device allocator of a ``CpuGpuBlockAllocator``
-    (read from its ``_allocators``)."""
-    return {device_name(d): a for d, a in allocator._allocators.items()}
-
-
 def abstract_device_states(
     allocator: Any,
     contents: Optional[Mapping[BlockId, Optional[ContentKey]]] = None,
@@ -687,16 +663,14 @@ def abstract_device_states(
     ledger: Optional[ContentLedger] = None,
     live_blocks: Optional[Iterable[Any]] = None,
 ) -> Dict[str, AbstractState]:
-    """Return device name -> abstract state of each per-device allocator of a
-    ``CpuGpuBlockAllocator``; ``contents`` may hold ids of every device (ids
-    are disjoint across devices)."""
+    """Return device name (``"GPU"``, ``"CPU"``) -> abstract state of each
+    per-device allocator (its ``_allocators``) of a ``CpuGpuBlockAllocator``;
+    ``contents`` may hold ids of every device (disjoint across devices)."""
     if ledger is None:
         ledger = ContentLedger()
     contents = _with_live_contents(contents, live_blocks, ledger)
-    return {
-        name: abstract_state(a, contents, ledger=ledger)
-        for name, a in device_allocators(allocator).items()
-    }
+    return {str(getattr(device, "name", device)): abstract_state(a, contents, ledger=ledger)
+            for device, a in allocator._allocators.items()}
 
 
 __all__ = [
@@ -711,8 +685,6 @@ __all__ = [
     "chain_keys",
     "content_key_of",
     "contents_of",
-    "device_allocators",
-    "device_name",
     "hits_and_misses",
     "is_prefix_caching",
     "ownership",

@@ -229,9 +229,9 @@ class Checker:
 
     # -- reading ---------------------------------------------------------------
 
-    def _read(self, part: Optional[Part] = None) -> AbstractState:
-        """The allocator's abstract state now (``part``: at those elements),
-        read through the undecorated ``all_block_ids`` and
+    def state(self, part: Optional[Part] = None) -> AbstractState:
+        """The allocator's abstract state now (whole, or with ``part`` at those
+        elements), read through the undecorated ``all_block_ids`` and
         ``get_num_free_blocks`` of the instance's class (so no contract runs
         inside the reading)."""
         a = self.allocator
@@ -256,14 +256,10 @@ class Checker:
         finally:
             self.depth -= 1
 
-    def state(self) -> AbstractState:
-        """The allocator's whole abstract state now."""
-        return self._read()
-
     def _checked_state(self, when: str, part: Optional[Part] = None) -> AbstractState:
-        """``_read(part)``, with an unnameable content turned into a violation."""
+        """``state(part)``, with an unnameable content turned into a violation."""
         try:
-            return self._read(part)
+            return self.state(part)
         except AbstractionError as exc:
             import icontract
 
@@ -377,10 +373,13 @@ class Checker:
             sig = self._signatures[fn] = inspect.signature(fn)
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        b = self.adapters[op](self, bound.arguments)
-        rec = Record(op=op, old=old, pre=b.pre(old), post=b.post, finish=b.finish)
-        self.record = rec
-        return rec
+        return self._record(op, old, bound.arguments)
+
+    def _record(self, op: str, old: AbstractState, arguments: Mapping[str, Any]) -> Record:
+        """Keep in ``record`` what the postcondition of ``op`` needs."""
+        b = self.adapters[op](self, arguments)
+        self.record = Record(op=op, old=old, pre=b.pre(old), post=b.post, finish=b.finish)
+        return self.record
 
     def call(self, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
         """Run the impl's method one level deeper and feed the ledger with
@@ -615,24 +614,19 @@ class Checker:
         if self.depth > 0:
             fn(token_ids)
             return
+        arguments = {"block": block, "token_ids": token_ids}
         if self.mode == INCREMENTAL:
-            self.run_bound("append_token_ids", lambda: fn(token_ids),
-                           {"block": block, "token_ids": token_ids})
+            self.run_bound("append_token_ids", lambda: fn(token_ids), arguments)
             return
         self.cache = None
-        old = self.state()
-        b = self.adapters["append_token_ids"](self, {"block": block, "token_ids": token_ids})
-        rec = Record(op="append_token_ids", old=old, pre=b.pre(old), post=b.post,
-                     finish=b.finish)
-        self.record = rec
+        rec = self._record("append_token_ids", self.state(), arguments)
         self.call(fn, (token_ids,), {})
         self.observe(block)
-        ok = self.post(rec, None)
-        self.cache = None
-        if not ok or not self.invariants_hold():
+        try:
+            if not (self.post(rec, None) and self.invariants_hold()):
+                raise icontract.ViolationError(self.failure)
+        finally:
             self.cache = None
-            raise icontract.ViolationError(self.failure)
-        self.cache = None
 
 
 def _ids_in(value: Any) -> List[BlockId]:
@@ -656,68 +650,63 @@ def _ids(*ids: Any) -> Tuple[BlockId, ...]:
     return tuple(i for i in ids if type(i) is int)
 
 
-def _a_allocate_mutable(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(C.pre_allocate_mutable_block, C.post_allocate_mutable_block, _id_of_result,
-                 takes=1)
+def _bind(pre: Optional[Callable[..., bool]], post: Callable[..., bool], *args: Any,
+          finish: FinishFn = _same, **elements: Any) -> Bound:
+    """The contract ``pre``/``post`` (``pre`` None: it always succeeds) with
+    the abstract arguments ``args`` after the states, and its elements."""
+    return Bound(_no_pre if pre is None else lambda s: pre(s, *args),
+                 lambda o, n, r: post(o, n, r, *args), finish, **elements)
+
+
+def _fixed(pre: Optional[PreFn], post: PostFn, finish: FinishFn = _same,
+           **elements: Any) -> Adapter:
+    """The adapter of an operation whose contract takes no argument."""
+    bound = Bound(_no_pre if pre is None else pre, post, finish, **elements)
+    return lambda c, a: bound
 
 
 def _a_allocate_immutable(c: Checker, a: Mapping[str, Any]) -> Bound:
     (key,) = c.new_keys(a["prev_block"], [a["token_ids"]], a["extra_hash"])
-    return Bound(lambda s: C.pre_allocate_immutable_block(s, key),
-                 lambda o, n, r: C.post_allocate_immutable_block(o, n, r, key),  # type: ignore[arg-type]
-                 _id_of_result, keys=(key,), takes=1)
+    return _bind(C.pre_allocate_immutable_block, C.post_allocate_immutable_block, key,
+                 finish=_id_of_result, keys=(key,), takes=1)
 
 
 def _a_allocate_immutables(c: Checker, a: Mapping[str, Any]) -> Bound:
     lists = a["block_token_ids"]
     keys = c.new_keys(a["prev_block"], lists if isinstance(lists, (list, tuple)) else [],
                       a["extra_hash"])
-    return Bound(lambda s: C.pre_allocate_immutable_blocks(s, keys),
-                 lambda o, n, r: C.post_allocate_immutable_blocks(o, n, r, keys),  # type: ignore[arg-type]
-                 _ids_of_result, keys=tuple(keys), takes=len(keys))
+    return _bind(C.pre_allocate_immutable_blocks, C.post_allocate_immutable_blocks, keys,
+                 finish=_ids_of_result, keys=tuple(keys), takes=len(keys))
 
 
 def _a_free(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = c.id_of(a["block"])
-    return Bound(lambda s: C.pre_free(s, i),
-                 lambda o, n, r: C.post_free(o, n, r, i),  # type: ignore[arg-type]
-                 _same, ids=_ids(i))
+    return _bind(C.pre_free, C.post_free, i, ids=_ids(i))
 
 
 def _a_free_block_id(c: Checker, a: Mapping[str, Any]) -> Bound:
-    i = a["block_id"]
-    i = i if type(i) is int else None
-    return Bound(lambda s: C.pre_free_block_id(s, i),
-                 lambda o, n, r: C.post_free_block_id(o, n, r, i),  # type: ignore[arg-type]
-                 _same, ids=_ids(i))
+    i = a["block_id"] if type(a["block_id"]) is int else None
+    return _bind(C.pre_free_block_id, C.post_free_block_id, i, ids=_ids(i))
 
 
 def _a_fork(c: Checker, a: Mapping[str, Any]) -> Bound:
     last = a["last_block"]
     ids = [c.id_of(b) for b in chain_of(last)] if c.owns(last) else [None]
-    return Bound(lambda s: C.pre_fork(s, ids),
-                 lambda o, n, r: C.post_fork(o, n, r, ids),  # type: ignore[arg-type]
-                 _ids_of_result, ids=_ids(*ids))
+    return _bind(C.pre_fork, C.post_fork, ids, finish=_ids_of_result, ids=_ids(*ids))
 
 
 def _a_cow(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = c.id_of(a["block"])
-    return Bound(lambda s: C.pre_cow_block_if_not_appendable(s, i),
-                 lambda o, n, r: C.post_cow_block_if_not_appendable(o, n, r, i),  # type: ignore[arg-type]
-                 _same, ids=_ids(i), takes=1, result_ids=True)
+    return _bind(C.pre_cow_block_if_not_appendable, C.post_cow_block_if_not_appendable, i,
+                 ids=_ids(i), takes=1, result_ids=True)
 
 
 def _a_promote(c: Checker, a: Mapping[str, Any]) -> Bound:
     block = a["block"]
     i = c.id_of(block)
     key = c.key_of(block) if c.owns(block) else None
-    return Bound(lambda s: C.pre_promote_to_immutable_block(s, i, key),
-                 lambda o, n, r: C.post_promote_to_immutable_block(o, n, r, i, key),  # type: ignore[arg-type]
-                 _same, ids=_ids(i), keys=(key,), result_ids=True, new_blocks=(block,))
-
-
-def _a_naive_promote(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(lambda s: False, lambda o, n, r: False, _same)
+    return _bind(C.pre_promote_to_immutable_block, C.post_promote_to_immutable_block, i, key,
+                 ids=_ids(i), keys=(key,), result_ids=True, new_blocks=(block,))
 
 
 def _append_args(c: Checker, block: Any, token_ids: Any) -> Tuple[Optional[BlockId], int, int]:
@@ -751,60 +740,39 @@ def _a_naive_append(c: Checker, a: Mapping[str, Any]) -> Bound:
                  _same, ids=_ids(i), takes=1, new_blocks=(block,))
 
 
-def _a_clear_cows(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(C.pre_clear_copy_on_writes, C.post_clear_copy_on_writes, _same)
-
-
 def _a_mark_accessed(c: Checker, a: Mapping[str, Any]) -> Bound:
     ids = list(a["block_ids"]) if isinstance(a["block_ids"], (list, tuple)) else []
-    now = a["now"]
-    return Bound(lambda s: C.pre_mark_blocks_as_accessed(s, ids, now),
-                 lambda o, n, r: C.post_mark_blocks_as_accessed(o, n, r, ids, now),
-                 _same, ids=_ids(*ids))
+    return _bind(C.pre_mark_blocks_as_accessed, C.post_mark_blocks_as_accessed, ids, a["now"],
+                 ids=_ids(*ids))
 
 
 def _a_mark_computed(c: Checker, a: Mapping[str, Any]) -> Bound:
-    ids = a["block_ids"]
-    return Bound(_no_pre, lambda o, n, r: C.post_mark_blocks_as_computed(o, n, r, ids), _same,
-                 all_touched=True)
-
-
-def _a_naive_no_change(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(_no_pre, C.post_naive_query_no_change, _same)
+    return _bind(None, C.post_mark_blocks_as_computed, a["block_ids"], all_touched=True)
 
 
 def _a_common(c: Checker, a: Mapping[str, Any]) -> Bound:
     lists = [list(x) for x in a["computed_seq_block_ids"]]
-    return Bound(_no_pre, lambda o, n, r: C.post_get_common_computed_block_ids(o, n, r, lists),
-                 _same)
+    return _bind(None, C.post_get_common_computed_block_ids, lists)
 
 
 def _a_naive_common(c: Checker, a: Mapping[str, Any]) -> Bound:
-    lists = a["computed_seq_block_ids"]
-    return Bound(_no_pre,
-                 lambda o, n, r: C.post_naive_get_common_computed_block_ids(o, n, r, lists), _same)
+    return _bind(None, C.post_naive_get_common_computed_block_ids, a["computed_seq_block_ids"])
 
 
 def _a_full_touched(c: Checker, a: Mapping[str, Any]) -> Bound:
     entries = [(bool(b.is_full), c.key_of(b) if b.is_full else None) for b in a["blocks"]]
-    return Bound(_no_pre, lambda o, n, r: C.post_get_num_full_blocks_touched(o, n, r, entries),
-                 _same, keys=tuple(k for _, k in entries))
+    return _bind(None, C.post_get_num_full_blocks_touched, entries,
+                 keys=tuple(k for _, k in entries))
 
 
 def _a_naive_full_touched(c: Checker, a: Mapping[str, Any]) -> Bound:
     entries = [(id(b), bool(b.is_full)) for b in a["blocks"]]
-    return Bound(_no_pre,
-                 lambda o, n, r: C.post_naive_get_num_full_blocks_touched(o, n, r, entries), _same)
+    return _bind(None, C.post_naive_get_num_full_blocks_touched, entries)
 
 
 def _a_find_prefix(c: Checker, a: Mapping[str, Any]) -> Bound:
     keys = list(map(c.ledger.names.get, a["block_hashes"]))
-    return Bound(_no_pre, lambda o, n, r: C.post_find_cached_blocks_prefix(o, n, r, keys), len,
-                 keys=tuple(keys))
-
-
-def _a_naive_find_prefix(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(_no_pre, lambda o, n, r: C.post_naive_find_cached_blocks_prefix(o, n, r, []), len)
+    return _bind(None, C.post_find_cached_blocks_prefix, keys, finish=len, keys=tuple(keys))
 
 
 def _a_swap_out(c: Checker, a: Mapping[str, Any]) -> Bound:
@@ -814,9 +782,7 @@ def _a_swap_out(c: Checker, a: Mapping[str, Any]) -> Bound:
         # a Block listed again is detached by then: it held one reference
         ids.append(None if id(b) in seen else c.id_of(b))
         seen.add(id(b))
-    return Bound(lambda s: C.pre_swap_out(s, ids),
-                 lambda o, n, r: C.post_swap_out(o, n, r, ids),  # type: ignore[arg-type]
-                 _same, ids=_ids(*ids))
+    return _bind(C.pre_swap_out, C.post_swap_out, ids, ids=_ids(*ids))
 
 
 def _a_swap_in(c: Checker, a: Mapping[str, Any]) -> Bound:
@@ -854,59 +820,37 @@ def _a_naive_allocate_immutables(c: Checker, a: Mapping[str, Any]) -> Bound:
                  _ids_of_result, takes=len(lists))
 
 
-def _a_reset(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(C.pre_reset_prefix_cache, C.post_reset_prefix_cache, _same, reset=True)
-
-
-def _a_naive_reset(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(_no_pre, C.post_naive_reset_prefix_cache, _same)
-
-
-def _a_hit_rate(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(_no_pre, C.post_get_prefix_cache_hit_rate, _same)
-
-
-def _a_naive_hit_rate(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(_no_pre, C.post_naive_get_prefix_cache_hit_rate, _same)
-
-
 def _a_num_free(c: Checker, a: Mapping[str, Any]) -> Bound:
     ok = a.get("device") is None
     return Bound(lambda s: ok, C.post_get_num_free_blocks, _same)
 
 
-def _a_num_total(c: Checker, a: Mapping[str, Any]) -> Bound:
-    return Bound(_no_pre, C.post_get_num_total_blocks, _same)
-
-
 def _a_physical(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = a["absolute_id"]
-    return Bound(lambda s: C.pre_get_physical_block_id(s, i),
-                 lambda o, n, r: C.post_get_physical_block_id(o, n, r, i), _same, ids=_ids(i))
+    return _bind(C.pre_get_physical_block_id, C.post_get_physical_block_id, i, ids=_ids(i))
 
 
 def _a_is_block_cached(c: Checker, a: Mapping[str, Any]) -> Bound:
     block = a["block"]
     key = c.key_of(block) if c.owns(block) else None
-    return Bound(lambda s: C.pre_is_block_cached(s, key),
-                 lambda o, n, r: C.post_is_block_cached(o, n, r, key), _same, keys=(key,))
+    return _bind(C.pre_is_block_cached, C.post_is_block_cached, key, keys=(key,))
 
 
 def _a_block_is_computed(c: Checker, a: Mapping[str, Any]) -> Bound:
     i = a["block_id"]
-    return Bound(lambda s: C.pre_block_is_computed(s, i),
-                 lambda o, n, r: C.post_block_is_computed(o, n, r, i), _same, ids=_ids(i))
+    return _bind(C.pre_block_is_computed, C.post_block_is_computed, i, ids=_ids(i))
 
 
 _COMMON: Dict[str, Adapter] = {
-    "allocate_mutable_block": _a_allocate_mutable,
+    "allocate_mutable_block": _fixed(C.pre_allocate_mutable_block,
+                                     C.post_allocate_mutable_block, _id_of_result, takes=1),
     "free": _a_free,
     "fork": _a_fork,
     "cow_block_if_not_appendable": _a_cow,
-    "clear_copy_on_writes": _a_clear_cows,
+    "clear_copy_on_writes": _fixed(C.pre_clear_copy_on_writes, C.post_clear_copy_on_writes),
     "swap_out": _a_swap_out,
     "get_num_free_blocks": _a_num_free,
-    "get_num_total_blocks": _a_num_total,
+    "get_num_total_blocks": _fixed(None, C.post_get_num_total_blocks),
     "get_physical_block_id": _a_physical,
 }
 
@@ -922,8 +866,9 @@ PREFIX_ADAPTERS: Dict[str, Adapter] = {
     "get_num_full_blocks_touched": _a_full_touched,
     "find_cached_blocks_prefix": _a_find_prefix,
     "swap_in": _a_swap_in,
-    "reset_prefix_cache": _a_reset,
-    "get_prefix_cache_hit_rate": _a_hit_rate,
+    "reset_prefix_cache": _fixed(C.pre_reset_prefix_cache, C.post_reset_prefix_cache,
+                                 reset=True),
+    "get_prefix_cache_hit_rate": _fixed(None, C.post_get_prefix_cache_hit_rate),
     "block_is_computed": _a_block_is_computed,
     "is_block_cached": _a_is_block_cached,
 }
@@ -933,17 +878,18 @@ NAIVE_ADAPTERS: Dict[str, Adapter] = {
     **_COMMON,
     "allocate_immutable_block": _a_naive_allocate_immutable,
     "allocate_immutable_blocks": _a_naive_allocate_immutables,
-    "promote_to_immutable_block": _a_naive_promote,
+    "promote_to_immutable_block": _fixed(lambda s: False, lambda o, n, r: False),
     "append_token_ids": _a_naive_append,
     "free_block_id": _a_free_block_id,
-    "mark_blocks_as_accessed": _a_naive_no_change,
-    "mark_blocks_as_computed": _a_naive_no_change,
+    "mark_blocks_as_accessed": _fixed(None, C.post_naive_query_no_change),
+    "mark_blocks_as_computed": _fixed(None, C.post_naive_query_no_change),
     "get_common_computed_block_ids": _a_naive_common,
     "get_num_full_blocks_touched": _a_naive_full_touched,
-    "find_cached_blocks_prefix": _a_naive_find_prefix,
+    "find_cached_blocks_prefix": _fixed(
+        None, lambda o, n, r: C.post_naive_find_cached_blocks_prefix(o, n, r, []), len),
     "swap_in": _a_naive_swap_in,
-    "reset_prefix_cache": _a_naive_reset,
-    "get_prefix_cache_hit_rate": _a_naive_hit_rate,
+    "reset_prefix_cache": _fixed(None, C.post_naive_reset_prefix_cache),
+    "get_prefix_cache_hit_rate": _fixed(None, C.post_naive_get_prefix_cache_hit_rate),
 }
 """Operation -> adapter for the naive allocator."""
 
@@ -983,11 +929,14 @@ def _checked_method(name: str, fn: Callable[..., Any], mode: str) -> Callable[..
     return snap(ensure(method))
 
 
-def _contracted(kind: str, adapters: Mapping[str, Adapter]) -> List[str]:
-    """The methods of an allocator of ``kind`` that get a contract: every
-    allocator method of the table of operations (not a property), each of
-    which must have an adapter here, and the adapters must name nothing else
-    (the Block's ``append_token_ids`` is checked by the checked Block)."""
+def _add_contracts(cls: type, base: type, plain: type, kind: str,
+                   adapters: Mapping[str, Adapter], mode: str) -> type:
+    """Name ``cls`` after ``base`` unless that is the impl's ``plain`` class;
+    give it a checked method per allocator method of the table of
+    operations of ``kind`` (not a property; the Block's ``append_token_ids``
+    is checked by the checked Block), each of which must have an adapter
+    here, and the adapters must name nothing else; return it, with the
+    icontract class invariant in ``full`` mode."""
     names = [op.name for op in OPERATIONS if kind in op.allocators and not op.attribute]
     methods = [n for n in names if operation(n).owner == "allocator"]
     unknown = sorted(set(adapters) - set(names))
@@ -995,16 +944,17 @@ def _contracted(kind: str, adapters: Mapping[str, Adapter]) -> List[str]:
     if unknown or lacking:
         raise RuntimeError(f"the {kind} adapters and the table of operations differ: "
                            f"no such operation {unknown}, no adapter for {lacking}")
-    return methods
-
-
-def _add_contracts(cls: type, base: type, kind: str, adapters: Mapping[str, Adapter],
-                   mode: str) -> type:
-    """Give ``cls`` a checked method per operation; return it, with the
-    icontract class invariant in ``full`` mode."""
-    for name in _contracted(kind, adapters):
+    if base is not plain:
+        cls.__name__ = cls.__qualname__ = f"Checked{base.__name__}"
+    for name in methods:
         setattr(cls, name, _checked_method(name, getattr(base, name), mode))
-    return _invariant(cls) if mode == FULL else cls
+    if mode != FULL:
+        return cls
+    import icontract
+
+    return icontract.invariant(lambda self: self._pc.invariants_hold(),
+                               description="the spec's invariants",
+                               error=lambda self: icontract.ViolationError(self._pc.failure))(cls)
 
 
 def _construct(self: Any, adapters: Mapping[str, Adapter], mode: str,
@@ -1019,16 +969,6 @@ def _construct(self: Any, adapters: Mapping[str, Adapter], mode: str,
         self._pc.depth = 0
     if mode == INCREMENTAL:
         self._pc.start()
-
-
-def _invariant(cls: type) -> type:
-    import icontract
-
-    return icontract.invariant(
-        lambda self: self._pc.invariants_hold(),
-        description="the spec's invariants",
-        error=lambda self: icontract.ViolationError(self._pc.failure),
-    )(cls)
 
 
 _CHECKED_BLOCKS: Dict[type, type] = {}
@@ -1077,9 +1017,9 @@ def checked_class(base: type, check: Optional[str] = None) -> type:
     raise TypeError(f"checked_class needs a prefixcache.impl allocator class, got {base!r}")
 
 
-def _named(cls: type, base: type, plain: type) -> None:
-    if base is not plain:
-        cls.__name__ = cls.__qualname__ = f"Checked{base.__name__}"
+def _audit(self: Any) -> None:
+    """The full check (see :meth:`Checker.audit`)."""
+    self._pc.audit()
 
 
 def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
@@ -1093,12 +1033,10 @@ def _checked_prefix(base: Type[PrefixCachingBlockAllocator], mode: str) -> type:
         def _create_block(self, *args: Any, **kwargs: Any) -> Any:
             return _checked_block(base._create_block(self, *args, **kwargs))
 
-        def audit(self) -> None:
-            """The full check (see :meth:`Checker.audit`)."""
-            self._pc.audit()
+        audit = _audit
 
-    _named(CheckedPrefixCachingBlockAllocator, base, PrefixCachingBlockAllocator)
-    return _add_contracts(CheckedPrefixCachingBlockAllocator, base, PREFIX, PREFIX_ADAPTERS, mode)
+    return _add_contracts(CheckedPrefixCachingBlockAllocator, base, PrefixCachingBlockAllocator,
+                          PREFIX, PREFIX_ADAPTERS, mode)
 
 
 def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
@@ -1116,12 +1054,10 @@ def _checked_naive(base: Type[NaiveBlockAllocator], mode: str) -> type:
                 self, make if callable(create_block) else create_block, num_blocks,
                 block_size, block_ids, block_pool))
 
-        def audit(self) -> None:
-            """The full check (see :meth:`Checker.audit`)."""
-            self._pc.audit()
+        audit = _audit
 
-    _named(CheckedNaiveBlockAllocator, base, NaiveBlockAllocator)
-    return _add_contracts(CheckedNaiveBlockAllocator, base, NAIVE, NAIVE_ADAPTERS, mode)
+    return _add_contracts(CheckedNaiveBlockAllocator, base, NaiveBlockAllocator, NAIVE,
+                          NAIVE_ADAPTERS, mode)
 
 
 def _build_cpu_gpu(prefix_cls: type, naive_cls: type) -> Type[CpuGpuBlockAllocator]:

@@ -28,6 +28,7 @@ import math
 from typing import (
     AbstractSet,
     Any,
+    Callable,
     Dict,
     FrozenSet,
     List,
@@ -77,10 +78,6 @@ def next_id(s: AbstractState) -> Optional[BlockId]:
 
 def _sorted_evictor(entries: Sequence[EvictorEntry]) -> Tuple[EvictorEntry, ...]:
     return tuple(sorted(entries, key=EvictorEntry.eviction_rank))
-
-
-def _without_entry(s: AbstractState, i: BlockId) -> Tuple[EvictorEntry, ...]:
-    return tuple(e for e in s.evictor if e.block_id != i)
 
 
 def agrees(expected: AbstractState, new: AbstractState, released: AbstractSet[BlockId]) -> bool:
@@ -184,7 +181,7 @@ def share(s: AbstractState, key: ContentKey) -> Step:
         return (replace(s, blocks=blocks), i, frozenset())
     blocks[i] = BlockState(refcount=1, content=key, computed=i not in s.touched,
                            last_accessed=NEVER_ACCESSED)
-    s2 = replace(s, blocks=blocks, evictor=_without_entry(s, i),
+    s2 = replace(s, blocks=blocks, evictor=tuple(e for e in s.evictor if e.block_id != i),
                  reported_free=s.reported_free - 1)
     return (s2, i, frozenset())
 
@@ -221,6 +218,19 @@ def lookup(s: AbstractState, key: ContentKey) -> Step:
     s1, i, _ = take(s)
     s2, j, rel = promote(s1, i, key)
     return (query(s2, False), j, rel)
+
+
+def _steps(s: AbstractState, step: Callable[[AbstractState, Any], Step], items: Sequence[Any]
+           ) -> Tuple[AbstractState, List[BlockId], FrozenSet[BlockId]]:
+    """``step(s, item)`` for each item in order: the last state, the ids the
+    steps concern and the ids they released."""
+    ids: List[BlockId] = []
+    rel: FrozenSet[BlockId] = frozenset()
+    for item in items:
+        s, i, r = step(s, item)
+        ids.append(i)
+        rel = rel | r
+    return s, ids, rel
 
 
 def demand(s: AbstractState, keys: Sequence[Optional[ContentKey]]) -> int:
@@ -304,13 +314,7 @@ def post_allocate_immutable_blocks(
 ) -> bool:
     """The same as ``allocate_immutable_block`` once per key, in order; the
     result lists the ids in that order."""
-    s = old
-    ids: List[BlockId] = []
-    rel: FrozenSet[BlockId] = frozenset()
-    for key in keys:
-        s, i, r = lookup(s, key)
-        ids.append(i)
-        rel = rel | r
+    s, ids, rel = _steps(old, lookup, keys)
     return list(result) == ids and agrees(s, new, rel)
 
 
@@ -325,12 +329,8 @@ def post_naive_allocate_immutable_blocks(
 ) -> bool:
     """Without a cache: takes ``count`` free ids in order, each a block
     without content."""
-    s = old
-    ids: List[BlockId] = []
-    for _ in range(count):
-        s, i, _r = take(s)
-        ids.append(i)
-    return list(result) == ids and agrees(s, new, frozenset())
+    s, ids, rel = _steps(old, lambda s, _: take(s), range(count))
+    return list(result) == ids and agrees(s, new, rel)
 
 
 # ==========================================================================
@@ -771,11 +771,7 @@ def post_swap_out(
 ) -> bool:
     """Frees each Block's reference in order (as ``free``); the Block
     objects are kept, detached.  Returns None."""
-    s = old
-    rel: FrozenSet[BlockId] = frozenset()
-    for i in block_ids:
-        s, _, r = release(s, i)
-        rel = rel | r
+    s, _, rel = _steps(old, release, block_ids)
     return result is None and agrees(s, new, rel)
 
 
@@ -795,16 +791,7 @@ def post_swap_in(
     """Each Block in order gets an id: a hashed one as by
     ``allocate_immutable_block`` of its content (a hit or a miss, counted),
     any other a fresh mutable id.  ``result`` lists the new ids."""
-    s = old
-    ids: List[BlockId] = []
-    rel: FrozenSet[BlockId] = frozenset()
-    for key in keys:
-        if key is not None:
-            s, i, r = lookup(s, key)
-            rel = rel | r
-        else:
-            s, i, _ = take(s)
-        ids.append(i)
+    s, ids, rel = _steps(old, lambda s, key: take(s) if key is None else lookup(s, key), keys)
     return list(result) == ids and agrees(s, new, rel)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Tuple
 
 from .state import AbstractState, BlockId
 
@@ -313,14 +313,7 @@ def check_all(s: AbstractState, ownership: Optional[Ownership] = None) -> List[s
     return violated
 
 
-def _by_domain() -> Tuple[Tuple[Callable[[AbstractState], Iterable[Any]],
-                                Tuple[Invariant, ...]], ...]:
-    """The invariants grouped by the kind of element they are stated at."""
-    domains: Dict[Any, List[Invariant]] = {}
-    for inv in INVARIANTS:
-        domains.setdefault(inv.over, []).append(inv)
-    return tuple((over, tuple(invs)) for over, invs in domains.items())
-
-
-_BY_DOMAIN = _by_domain()
+_BY_DOMAIN = tuple((over, tuple(inv for inv in INVARIANTS if inv.over is over))
+                   for over in dict.fromkeys(inv.over for inv in INVARIANTS))
+"""The invariants grouped by the kind of element they are stated at."""
 _REREAD = (list, tuple, range, set, frozenset)   # elements that can be gone through again

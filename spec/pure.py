@@ -2,7 +2,7 @@
 
 Small functions over plain tuples and ints that state, once, four things the
 spec relies on: how content keys chain (:func:`chain_key`,
-:func:`chain_keys`, :func:`flat_key`), the prefix search
+:func:`chain_keys`), the prefix search
 (:func:`longest_ready_prefix`), the eviction choice (:func:`eviction_rank`,
 :func:`victim`) and the hit rate (:func:`hit_rate`,
 :func:`bucketed_hit_rate`, :func:`fold_hit_rate`).  Each carries an icontract
@@ -157,33 +157,6 @@ def chain_keys(pairs: Sequence[Pair]) -> Tuple[ChainKey, ...]:
     return tuple(out)
 
 
-def _total_tokens(key: ChainKey) -> int:
-    n = 0
-    for _, tokens in key:
-        n += len(tokens)
-    return n
-
-
-def _flattens(key: ChainKey, flat: Tuple[Optional[int], Tokens]) -> bool:
-    """The last block's extra hash; every token, the last block's at the end."""
-    extra, tokens = flat
-    last = key[-1][1]
-    return (extra == key[-1][0] and len(tokens) == _total_tokens(key)
-            and tokens[len(tokens) - len(last):] == last)
-
-
-@require(lambda key: len(key) > 0, "a key names at least one block")
-@bound(lambda key: small_pairs(key), "a small chain")
-@ensure(lambda key, result: _flattens(key, result),
-        "the last block's extra hash and every token of the chain, in order")
-def flat_key(key: ChainKey) -> Tuple[Optional[int], Tokens]:
-    """Return the (extra hash, tokens) spelling of a chain key: the last
-    block's extra hash and every token of the chain, first block first.
-    (Coarser than the chain key: it forgets the earlier blocks' extra
-    hashes and where one block ends and the next begins.)"""
-    return (key[-1][0], tuple(t for _, toks in key for t in toks))
-
-
 # ==========================================================================
 # the prefix search
 
@@ -204,7 +177,8 @@ def is_longest_ready_prefix(keys: Sequence[K], ready: Container[K], result: int)
 
 
 def _few_keys(keys: Sequence[Any]) -> bool:
-    """At most :data:`BOUND` keys."""
+    """At most :data:`BOUND` keys (a named function: icontract reads a
+    condition lambda only where a decorator states it)."""
     return small(len(keys))
 
 
@@ -334,18 +308,12 @@ def bucketed_hit_rate(bucket_hits: Sequence[int], open_hits: int, open_queries: 
     return (completed + partial) / weight
 
 
-def count_hits(outcomes: Sequence[bool]) -> int:
-    """How many of the query outcomes are hits (True)."""
-    n = 0
-    for hit in outcomes:
-        if hit:
-            n += 1
-    return n
-
-
 def rate_of(outcomes: Sequence[bool]) -> float:
     """hits / queries of the query outcomes (True for a hit), 0.0 with none."""
-    hits = count_hits(outcomes)
+    hits = 0
+    for hit in outcomes:
+        if hit:
+            hits += 1
     return hit_rate(hits, len(outcomes) - hits)
 
 
@@ -382,12 +350,10 @@ __all__ = [
     "chain_key",
     "chain_keys",
     "close",
-    "count_hits",
     "distinct_ids",
     "ensure",
     "every",
     "eviction_rank",
-    "flat_key",
     "fold_hit_rate",
     "hit_rate",
     "is_longest_ready_prefix",

@@ -25,7 +25,7 @@ import inspect
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import (
     contracts,
@@ -110,6 +110,12 @@ def _fields(cls: type) -> List[str]:
             *(f"| `{f.name}` | `{one_line(str(f.type))}` |" for f in dataclasses.fields(cls))]
 
 
+def _table(intro: Sequence[str], header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """The lines ``intro``, then a Markdown table of ``header`` and ``rows``."""
+    out = [*intro, "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(out + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
 def render_state() -> str:
     """The abstract state: the module's account of content keys, then each
     dataclass of spec/state.py with its docstring and its fields."""
@@ -122,13 +128,11 @@ def render_state() -> str:
 def render_invariants() -> str:
     """Every invariant, in registry order: its name, category and meaning;
     the ownership invariant last."""
-    out = [_doc(invariants).split("\n\n")[0], "",
-           "| # | invariant | group | meaning |", "|---|---|---|---|"]
-    rows: List[Tuple[str, str]] = [(i.name, i.meaning) for i in invariants.INVARIANTS]
+    rows = [(i.name, i.meaning) for i in invariants.INVARIANTS]
     rows.append((invariants.OWNERSHIP.name, invariants.OWNERSHIP.meaning))
-    for k, (name, meaning) in enumerate(rows, 1):
-        out.append(f"| {k} | `{name}` | {invariants.group_of(name)} | {one_line(meaning)} |")
-    return "\n".join(out) + "\n"
+    return _table([_doc(invariants).split("\n\n")[0], ""], ("#", "invariant", "group", "meaning"),
+                  [(str(k), f"`{name}`", invariants.group_of(name), one_line(meaning))
+                   for k, (name, meaning) in enumerate(rows, 1)])
 
 
 def _functions(prefix: str) -> Dict[str, Callable[..., object]]:
@@ -211,25 +215,20 @@ def render_operations() -> str:
 def render_errors() -> str:
     """The error table: one row per caller mistake, grouped by operation."""
     rows = error_table.ERROR_TABLE
-    out = [_doc(error_table), "", f"{len(rows)} rows.", "",
-           "| operation | mistake | raises | allocators | tag |", "|---|---|---|---|---|"]
-    for row in rows:
-        out.append(f"| `{row.operation}` | {one_line(row.mistake)} | "
-                   f"`{row.exception.__name__}` | {', '.join(row.applies_to)} | "
-                   f"`{row.tag}` |")
-    return "\n".join(out) + "\n"
+    return _table([_doc(error_table), "", f"{len(rows)} rows.", ""],
+                  ("operation", "mistake", "raises", "allocators", "tag"),
+                  [(f"`{row.operation}`", one_line(row.mistake), f"`{row.exception.__name__}`",
+                    ", ".join(row.applies_to), f"`{row.tag}`") for row in rows])
 
 
 def _life(mermaid: str, states: Sequence[Tuple[str, str]],
           edges: Sequence[Tuple[str, str, str, str]]) -> str:
     """A life cycle: the Mermaid picture, the states (name, meaning), and
     every edge (from, to, operation, condition)."""
-    out = ["```mermaid", mermaid.rstrip("\n"), "```", "", "| state | meaning |", "|---|---|"]
-    out += [f"| {name} | {one_line(meaning)} |" for name, meaning in states]
-    out += ["", "| from | to | operation | when |", "|---|---|---|---|"]
-    out += [f"| {src} | {dst} | `{op}` | {one_line(condition)} |"
-            for src, dst, op, condition in edges]
-    return "\n".join(out) + "\n"
+    return _table(["```mermaid", mermaid.rstrip("\n"), "```", ""], ("state", "meaning"),
+                  [(name, one_line(meaning)) for name, meaning in states]) + _table(
+        [""], ("from", "to", "operation", "when"),
+        [(src, dst, f"`{op}`", one_line(condition)) for src, dst, op, condition in edges])
 
 
 def render_id_life() -> str:
@@ -258,16 +257,16 @@ def render_block_life() -> str:
 
 def render_options() -> str:
     """The table of semantic options (both rules and why ours) and the presets."""
-    rows = ["| option | what it decides | `prefixcache` (ours) | `vllm-0.8.5` | why ours |",
-            "|---|---|---|---|---|"]
-    rows += [f"| `{o.name}` | {one_line(o.decides)} | {one_line(o.prefixcache)} | "
-             f"{one_line(o.vllm)} | {one_line(o.why)} |" for o in semantics.OPTIONS]
+    rows = _table([], ("option", "what it decides", "`prefixcache` (ours)", "`vllm-0.8.5`",
+                       "why ours"),
+                  [(f"`{o.name}`", one_line(o.decides), one_line(o.prefixcache),
+                    one_line(o.vllm), one_line(o.why)) for o in semantics.OPTIONS])
     presets = [f"- `{name}`: " + (", ".join(f"`{o.name}`" for o in semantics.OPTIONS
                                             if preset.value(o)) or "prefixcache's rule for "
                                   "every option") + (" take vLLM 0.8.5's rule" if any(
                                       preset.value(o) for o in semantics.OPTIONS) else "")
                for name, preset in semantics.PRESETS.items()]
-    return "\n".join(rows + ["", "Presets:", "", *presets]) + "\n"
+    return rows + "\n".join(["", "Presets:", "", *presets]) + "\n"
 
 
 def render_pool_state() -> str:
@@ -279,43 +278,36 @@ def render_pool_state() -> str:
 
 def render_pool_invariants() -> str:
     """Every invariant of the v1 state, in registry order, with its meaning."""
-    out = [_doc(v1_invariants).split("\n\n")[0], "", "| # | invariant | meaning |",
-           "|---|---|---|"]
-    out += [f"| {k} | `{i.name}` | {one_line(i.meaning)} |"
-            for k, i in enumerate(v1_invariants.V1_INVARIANTS, 1)]
-    return "\n".join(out) + "\n"
+    return _table([_doc(v1_invariants).split("\n\n")[0], ""], ("#", "invariant", "meaning"),
+                  [(str(k), f"`{i.name}`", one_line(i.meaning))
+                   for k, i in enumerate(v1_invariants.V1_INVARIANTS, 1)])
 
 
 def render_pool_operations() -> str:
     """Every v1 operation: its arguments, result and effect on the state."""
-    out = [_doc(v1_operations), "", "| operation | result | effect on the state |",
-           "|---|---|---|"]
-    out += [f"| `{op.name}({', '.join(op.arguments)})` | {op.result} | {one_line(op.effect)} |"
-            for op in v1_operations.V1_OPERATIONS]
-    return "\n".join(out) + "\n"
+    return _table([_doc(v1_operations), ""], ("operation", "result", "effect on the state"),
+                  [(f"`{op.name}({', '.join(op.arguments)})`", op.result, one_line(op.effect))
+                   for op in v1_operations.V1_OPERATIONS])
 
 
 def render_pool_errors() -> str:
     """The v1 error table: one row per caller mistake."""
     rows = v1_error_table.V1_ERROR_TABLE
-    out = [_doc(v1_error_table), "", f"{len(rows)} rows.", "",
-           "| operation | tag | mistake | spec: raises | 0.34.0 raises | 0.34.0 does |",
-           "|---|---|---|---|---|---|"]
-    for row in rows:
-        pinned = row.pinned_raises.__name__ if row.pinned_raises else "nothing (silent)"
-        out.append(f"| `{row.operation}` | `{row.tag}` | {one_line(row.mistake)} | "
-                   f"`{row.expected.__name__}` | {pinned} | {one_line(row.pinned)} |")
-    return "\n".join(out) + "\n"
+    return _table([_doc(v1_error_table), "", f"{len(rows)} rows.", ""],
+                  ("operation", "tag", "mistake", "spec: raises", "0.34.0 raises", "0.34.0 does"),
+                  [(f"`{row.operation}`", f"`{row.tag}`", one_line(row.mistake),
+                    f"`{row.expected.__name__}`",
+                    row.pinned_raises.__name__ if row.pinned_raises else "nothing (silent)",
+                    one_line(row.pinned)) for row in rows])
 
 
 def render_pool_semantics() -> str:
     """The v1 profile's semantic presets: the option each takes over."""
-    out = [_doc(v1_semantics), "", "| preset | `any-mistake-exception` |", "|---|---|"]
     option = next(o for o in semantics.OPTIONS if o.field == "any_mistake_exception")
-    out += [f"| `{name}` | " + (f"vLLM 0.34.0's: {one_line(option.vllm)}" if preset.value(
-        option) else "prefixcache's: the row's class, `ValueError` for every v1 row") + " |"
-        for name, preset in v1_semantics.V1_PRESETS.items()]
-    return "\n".join(out) + "\n"
+    return _table([_doc(v1_semantics), ""], ("preset", "`any-mistake-exception`"),
+                  [(f"`{name}`", f"vLLM 0.34.0's: {one_line(option.vllm)}" if preset.value(option)
+                    else "prefixcache's: the row's class, `ValueError` for every v1 row")
+                   for name, preset in v1_semantics.V1_PRESETS.items()])
 
 
 SECTIONS: Tuple[Tuple[str, Callable[[], str]], ...] = (

@@ -289,17 +289,11 @@ BLOCK_DESCRIPTIONS: Dict[BlockLife, str] = {
 """One line per Block state, as the pictures show it."""
 
 
-def block_edges() -> Dict[Tuple[Optional[BlockLife], Optional[BlockLife]], List[str]]:
-    """Return (source, target) -> the operations that take that edge of a
-    Block's life, in table order, once each."""
-    return _edges(BLOCK_TRANSITIONS)
-
-
 def block_mermaid() -> str:
     """Return the Block table as Mermaid ``stateDiagram-v2`` text: one
     state per :class:`BlockLife`, ``[*]`` for "no Block", one arrow per
     (source, target) pair labelled with its operations."""
-    return "\n".join(_mermaid(_BLOCK_NAMES, BLOCK_DESCRIPTIONS, block_edges())) + "\n"
+    return "\n".join(_mermaid(_BLOCK_NAMES, BLOCK_DESCRIPTIONS, _edges(BLOCK_TRANSITIONS))) + "\n"
 
 
 __all__ = [
@@ -313,7 +307,6 @@ __all__ = [
     "Life",
     "Transition",
     "allowed",
-    "block_edges",
     "block_mermaid",
     "edges",
     "life_of",
