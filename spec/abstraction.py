@@ -656,19 +656,15 @@ def _restricted(fields: Dict[str, Any], free: Sequence[BlockId], part: Part,
     return state
 
 
-def abstract_device_states(
-    allocator: Any,
-    contents: Optional[Mapping[BlockId, Optional[ContentKey]]] = None,
-    *,
-    ledger: Optional[ContentLedger] = None,
-    live_blocks: Optional[Iterable[Any]] = None,
-) -> Dict[str, AbstractState]:
+def abstract_device_states(allocator: Any, *, ledger: Optional[ContentLedger] = None,
+                           live_blocks: Optional[Iterable[Any]] = None) -> Dict[str, AbstractState]:
     """Return device name (``"GPU"``, ``"CPU"``) -> abstract state of each
     per-device allocator (its ``_allocators``) of a ``CpuGpuBlockAllocator``;
-    ``contents`` may hold ids of every device (disjoint across devices)."""
+    ``live_blocks`` may hold Blocks of every device (ids are disjoint across
+    devices)."""
     if ledger is None:
         ledger = ContentLedger()
-    contents = _with_live_contents(contents, live_blocks, ledger)
+    contents = _with_live_contents(None, live_blocks, ledger)
     return {str(getattr(device, "name", device)): abstract_state(a, contents, ledger=ledger)
             for device, a in allocator._allocators.items()}
 
