@@ -79,17 +79,15 @@ from .error_table import ARGUMENT_ERRORS, NAIVE, PREFIX
 from .invariants import check_all
 from .mirror import Mirror
 from .operations import OPERATIONS, operation
+from .pure import chain_key, contracts_enabled, unchecked
 from .state import AbstractState, BlockId, ContentKey, HashedKey
+
+#: :func:`.pure.chain_key` without its runtime contract (once per new key)
+_chain_key = unchecked(chain_key)
 
 FULL = "full"
 INCREMENTAL = "incremental"
 MODES = (INCREMENTAL, FULL)
-
-
-def contracts_enabled() -> bool:
-    """Return whether contracts are on: Python without ``-O`` and the
-    environment variable ``PREFIXCACHE_CONTRACTS`` not ``0``."""
-    return __debug__ and os.environ.get("PREFIXCACHE_CONTRACTS", "1").strip() != "0"
 
 
 def check_mode() -> str:
@@ -289,7 +287,7 @@ class Checker:
         prefix = self.prefix_of(getattr(block, "prev_block", None))
         if prefix is None:
             return content_key_of(block)
-        return HashedKey(prefix + ((getattr(block, "extra_hash", None), tuple(block.token_ids)),))
+        return HashedKey(_chain_key(prefix, getattr(block, "extra_hash", None), block.token_ids))
 
     def prefix_of(self, prev_block: Any) -> Optional[ContentKey]:
         """The content key a new block chained after ``prev_block`` extends
@@ -317,7 +315,7 @@ class Checker:
                 prefix = None
                 keys.append(None)
                 continue
-            prefix = HashedKey(prefix + ((extra_hash, tuple(tokens)),))
+            prefix = HashedKey(_chain_key(prefix, extra_hash, tuple(tokens)))
             keys.append(prefix)
         return keys
 
@@ -724,8 +722,8 @@ def _a_append(c: Checker, a: Mapping[str, Any]) -> Bound:
     if i is not None and n == room and n > 0:
         prefix = c.prefix_of(block.prev_block)
         if prefix is not None:
-            full_key = HashedKey(prefix + ((block.extra_hash,
-                                            tuple(block.token_ids) + tuple(tokens)),))
+            full_key = HashedKey(_chain_key(prefix, block.extra_hash,
+                                            (*block.token_ids, *tokens)))
     return Bound(lambda s: C.pre_append_token_ids(s, i, immutable, room, n, full_key),
                  lambda o, n_, r: C.post_append_token_ids(o, n_, block.block_id, i, immutable,
                                                           room, n, full_key),

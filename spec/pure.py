@@ -52,7 +52,15 @@ EXPLORING: bool = os.environ.get("PREFIXCACHE_EXPLORE", "").strip() not in ("", 
 """Whether the exploration bounds are installed (``prefixcache verify`` sets
 ``PREFIXCACHE_EXPLORE=1`` for CrossHair)."""
 
-ENABLED: bool = __debug__ and os.environ.get("PREFIXCACHE_CONTRACTS", "1").strip() != "0"
+
+
+def contracts_enabled() -> bool:
+    """Return whether contracts are on: Python without ``-O`` and the
+    environment variable ``PREFIXCACHE_CONTRACTS`` not ``0``."""
+    return __debug__ and os.environ.get("PREFIXCACHE_CONTRACTS", "1").strip() != "0"
+
+
+ENABLED: bool = contracts_enabled()
 """Whether the contracts are installed (the spec's usual switch)."""
 
 BOUND: int = 3
@@ -349,6 +357,7 @@ __all__ = [
     "bucketed_hit_rate",
     "chain_key",
     "chain_keys",
+    "contracts_enabled",
     "close",
     "distinct_ids",
     "ensure",
