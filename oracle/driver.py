@@ -540,7 +540,7 @@ class Driver(Lockstep):
             self._check_integrity_of(step, t_res)
         if t_exc is None or not self._accepts(m_exc, t_exc):
             raise self._unlike_refusal(step, category, name, m_exc, t_exc)
-        self._compareafter(step, unchanged=True)
+        self._compare_after(step, unchanged=True)
 
     def _accepts(self, m_exc: BaseException, t_exc: BaseException) -> bool:
         """Whether the target's exception plays the role of the model's: a
@@ -571,7 +571,7 @@ class Driver(Lockstep):
             self._compare_result(step, t_res, m_res)
         if step.op == "free" and not step.args.get("keep_block_object"):
             self.dead.add(step.args["block"])
-        self._compareafter(step, unchanged=False)
+        self._compare_after(step, unchanged=False)
 
     def _compare_result(self, step: Step, t_res: Any, m_res: Any) -> None:
         if step.op == "find_cached_blocks_prefix":
@@ -626,7 +626,7 @@ class Driver(Lockstep):
                 return block.content
         return None
 
-    def _compareafter(self, step: Step, *, unchanged: bool) -> None:
+    def _compare_after(self, step: Step, *, unchanged: bool) -> None:
         what = after_call(unchanged)
         category = "robustness" if unchanged else "conformance"
         live = self.live_names()
