@@ -53,7 +53,6 @@ EXPLORING: bool = os.environ.get("PREFIXCACHE_EXPLORE", "").strip() not in ("", 
 ``PREFIXCACHE_EXPLORE=1`` for CrossHair)."""
 
 
-
 def contracts_enabled() -> bool:
     """Return whether contracts are on: Python without ``-O`` and the
     environment variable ``PREFIXCACHE_CONTRACTS`` not ``0``."""
