@@ -1234,27 +1234,23 @@ def test_swap_in_counts_as_queries() -> None:
 # tenant isolation through extra_hash
 
 
-def test_different_extra_hash_shares_nothing() -> None:
+@pytest.mark.parametrize(("extra_hashes", "block_ids", "metrics", "hit_rate"), [
+    ((101, 202, None), [0, 1, 2, 3, 4, 5], [(2, 0), (4, 0), (6, 0)], 0.0),
+    ((101, 101), [0, 1, 0, 1], [(2, 0), (4, 2)], 0.5),
+], ids=["different-extra-hash-shares-nothing", "same-extra-hash-shares-and-hits"])
+def test_extra_hash_decides_what_is_shared(extra_hashes: Tuple[Optional[int], ...],
+                                           block_ids: List[int],
+                                           metrics: List[Tuple[int, int]],
+                                           hit_rate: float) -> None:
+    """The same two blocks requested under each extra hash in turn: the
+    metrics after each request, then the ids of every Block and the hit rate."""
     a = make(8, 2)
-    lists = [[1, 2], [3, 4]]
-    tenant_a = a.allocate_immutable_blocks(None, lists, extra_hash=101)
-    tenant_b = a.allocate_immutable_blocks(None, lists, extra_hash=202)
-    no_tenant = a.allocate_immutable_blocks(None, lists)
-    ids = [b.block_id for b in tenant_a + tenant_b + no_tenant]
-    assert ids == [0, 1, 2, 3, 4, 5]
-    assert metric(a) == (6, 0)
-    assert a.get_prefix_cache_hit_rate() == 0.0
-
-
-def test_same_extra_hash_shares_and_hits() -> None:
-    a = make(8, 2)
-    lists = [[1, 2], [3, 4]]
-    first = a.allocate_immutable_blocks(None, lists, extra_hash=101)
-    assert metric(a) == (2, 0)
-    second = a.allocate_immutable_blocks(None, lists, extra_hash=101)
-    assert [b.block_id for b in second] == [b.block_id for b in first] == [0, 1]
-    assert metric(a) == (4, 2)
-    assert a.get_prefix_cache_hit_rate() == 0.5
+    blocks: List[Block] = []
+    for extra_hash, expected in zip(extra_hashes, metrics):
+        blocks += a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], extra_hash=extra_hash)
+        assert metric(a) == expected
+    assert [b.block_id for b in blocks] == block_ids
+    assert a.get_prefix_cache_hit_rate() == hit_rate
 
 
 def test_a_cache_hit_keeps_the_extra_hash_of_the_request() -> None:
