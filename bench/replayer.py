@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from dataclasses import dataclass, field
+from operator import attrgetter
 from time import perf_counter_ns
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -308,23 +309,16 @@ class Machine:
     def run(self, instructions: Sequence[Instruction]) -> None:
         """Execute ``instructions`` in order.  Raises ReplayError (with the
         target's exception as cause) when a call raises."""
-        alloc = self.allocator
-        num_free = alloc.get_num_free_blocks
-        clear_cows = alloc.clear_copy_on_writes
-        find_cached = alloc.find_cached_blocks_prefix
-        common = alloc.get_common_computed_block_ids
-        mark_computed = alloc.mark_blocks_as_computed
-        mark_accessed = alloc.mark_blocks_as_accessed
-        alloc_mut = alloc.allocate_mutable_block
-        free = alloc.free
-        blocks = self.blocks
-        ids = self.ids
-        hashes = self.hashes
+        (num_free, clear_cows, find_cached, common, mark_computed, mark_accessed, alloc_mut,
+         free) = attrgetter(
+            "get_num_free_blocks", "clear_copy_on_writes", "find_cached_blocks_prefix",
+            "get_common_computed_block_ids", "mark_blocks_as_computed", "mark_blocks_as_accessed",
+            "allocate_mutable_block", "free")(self.allocator)
+        blocks, ids, hashes, ncached = self.blocks, self.ids, self.hashes, self.ncached
         out = self.out_ids.append
         answer = self.answers.append
         nothing: List[int] = []
         cursor = iter(instructions)
-        ncached = self.ncached
         # the opcodes as locals (a local costs less to read than a global), and
         # the branches in the order of how often a replay takes them
         free_decode, decode, sched1, access, find, free_count, mark, common_op = (

@@ -3,13 +3,13 @@ BlockPool, BlockList, CacheMetricData, chain walking and the argument checks."""
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 from typing import List
 from unittest.mock import MagicMock
 
 import pytest
 from helpers.impl_snapshot import expect_rejected, snapshot
+from helpers.recursion import recursion_limit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -408,12 +408,8 @@ def test_chain_walk_of_100k_blocks_at_recursion_limit_1000() -> None:
         last = NaiveBlock(prev_block=last, token_ids=[], block_size=1, allocator=None,  # type: ignore[arg-type]
                           block_id=i)
         chain.append(last)
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(1000)
-    try:
+    with recursion_limit(1000):
         walked = get_all_blocks_recursively(last)
-    finally:
-        sys.setrecursionlimit(limit)
     assert len(walked) == 100_000
     assert walked[0] is chain[0] and walked[-1] is last
     assert all(x is y for x, y in zip(walked, chain))

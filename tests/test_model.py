@@ -397,13 +397,22 @@ def test_caller_mistakes_raise_and_change_nothing() -> None:
 # ------------------------------------------------------------- relaxed mode
 
 
-def test_relaxed_mode_takes_the_choosers_free_id_and_checks_it() -> None:
+def recording(
+    pick: Callable[[frozenset[int]], int],
+) -> tuple[Callable[[frozenset[int]], int], list[frozenset[int]]]:
+    """A chooser that answers ``pick`` of the ids it is offered, and the list
+    it records each offer in."""
     asked: list[frozenset[int]] = []
 
-    def highest(allowed: frozenset[int]) -> int:
+    def chooser(allowed: frozenset[int]) -> int:
         asked.append(allowed)
-        return max(allowed)
+        return pick(allowed)
 
+    return chooser, asked
+
+
+def test_relaxed_mode_takes_the_choosers_free_id_and_checks_it() -> None:
+    highest, asked = recording(max)
     m = Model(3, 2, strict=False, chooser=highest)
     x, y = m.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
     assert ids([x, y]) == [2, 1] and asked == [frozenset({0, 1, 2}), frozenset({0, 1})]
@@ -422,12 +431,7 @@ def test_relaxed_mode_rejects_an_id_that_is_not_free() -> None:
 
 
 def test_relaxed_mode_never_chooses_an_eviction() -> None:
-    calls: list[frozenset[int]] = []
-
-    def lowest(allowed: frozenset[int]) -> int:
-        calls.append(allowed)
-        return min(allowed)
-
+    lowest, calls = recording(min)
     m = Model(1, 2, strict=False, chooser=lowest)
     m.free(m.allocate_immutable_block(None, [1, 2]))
     assert len(calls) == 1

@@ -260,10 +260,12 @@ class Harness:
         self.trace.append(line)
         note(line)
 
+    def divergence(self, message: str) -> Divergence:
+        """A Divergence saying ``message`` and the calls made so far."""
+        return Divergence(f"{message}\n--- calls ---\n" + "\n".join(self.trace))
+
     def fail(self, what: str, vres: Any, ores: Any) -> None:
-        raise Divergence(
-            f"{what}: vLLM {vres!r} != ours {ores!r}\n--- calls ---\n" + "\n".join(self.trace)
-        )
+        raise self.divergence(f"{what}: vLLM {vres!r} != ours {ores!r}")
 
     def same(self, what: str, vres: Any, ores: Any) -> None:
         if vres != ores:
@@ -288,17 +290,13 @@ class Harness:
         try:
             rv = fv()
         except Exception as exc:
-            raise Divergence(
-                f"{label}: vLLM raised {type(exc).__name__}: {exc} on a call the generator "
-                "considered valid\n--- calls ---\n" + "\n".join(self.trace)
-            ) from exc
+            raise self.divergence(f"{label}: vLLM raised {type(exc).__name__}: {exc} on a "
+                                  "call the generator considered valid") from exc
         try:
             ro = fo()
         except Exception as exc:
-            raise Divergence(
-                f"{label}: ours raised {type(exc).__name__}: {exc}; vLLM returned {rv!r}"
-                "\n--- calls ---\n" + "\n".join(self.trace)
-            ) from exc
+            raise self.divergence(f"{label}: ours raised {type(exc).__name__}: {exc}; "
+                                  f"vLLM returned {rv!r}") from exc
         return rv, ro
 
     def hash_chain(self, blocks: List[List[int]], extra_hash: Optional[int]) -> List[int]:

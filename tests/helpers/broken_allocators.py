@@ -3,10 +3,12 @@
 Each class below is prefixcache.impl's allocator (its prefix-caching one,
 once its naive one and once its CPU/GPU pair) with ONE realistic fault,
 modelled on a bug that vLLM's block manager had, or that a reimplementation
-of it easily gets wrong.  Each overrides a single method with the fault; a few
-need a line of wiring besides (a hash function passed to the constructor, a
-faulty evictor or Block class installed, ``free`` routed through the helper
-that holds the fault), marked as such.  Each class says:
+of it easily gets wrong.  Each overrides a single method with the fault (for
+promotion, eviction and copy-on-write the step that holds it: the bases
+``_Promotion``, ``_TakeId`` and ``_CopyOnWrite`` do the rest as the impl
+does); a few need wiring besides (a hash function passed to the constructor,
+``_HashedBy``; a faulty evictor, ``_WithEvictor``, or Block class installed;
+``free`` routed through the helper that holds the fault).  Each class says:
 
 * ``FAULT``: the fault in one line (the docstring tells the story: what the
   code does wrong, which real bug it mirrors, what should catch it);
@@ -39,7 +41,7 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from hypothesis import Phase, Verbosity, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -75,30 +77,100 @@ from prefixcache.spec.invariants import INVARIANTS, OWNERSHIP, check_all
 _LAST_ACCESSED_DEFAULT = -1
 
 
-def _checked_promotion(allocator: Any, block: Any) -> Tuple[int, int, Optional[int]]:
-    """The checks every promotion makes before it changes anything (as the
-    impl does): the block's id, its content hash, and the id that hash is
-    cached on (None for new content)."""
-    block_id = allocator._check_owned(block)
-    content_hash = block.content_hash
-    if content_hash is None:
-        raise UnhashableBlockError("only a full block after hashed blocks can be promoted")
-    cached_id = allocator._cached_blocks.get(content_hash)
-    if cached_id == block_id:
-        raise ImmutableBlockError(f"block {block_id} is already immutable")
-    return block_id, content_hash, cached_id
+class _Promotion(PrefixCachingBlockAllocator):
+    """Promotion as the impl does it (without content verification), with
+    the step a fault replaces as a method of its own: ``_cache_new`` for new
+    content, ``_release_own`` for content already cached."""
 
-
-def _checked_cow_source(allocator: Any, block: Any) -> int:
-    """The checks copy-on-write makes before it changes anything (as the
-    impl does); the source id."""
-    src = allocator._check_owned(block)
-    if allocator._refcounts[src] > 1:
+    def promote_to_immutable_block(self, block: Any) -> int:
+        block_id = self._check_owned(block)
         content_hash = block.content_hash
-        if content_hash is not None and allocator._cached_blocks.get(content_hash) == src:
+        if content_hash is None:
+            raise UnhashableBlockError("only a full block after hashed blocks can be promoted")
+        cached_id = self._cached_blocks.get(content_hash)
+        if cached_id == block_id:
+            raise ImmutableBlockError(f"block {block_id} is already immutable")
+        if cached_id is None:
+            self._cache_new(block_id, content_hash)
+            return block_id
+        self._release_own(block_id)
+        self._acquire_cached(cached_id)
+        block.block_id = cached_id
+        block.computed = True
+        return cached_id
+
+    def _cache_new(self, block_id: int, content_hash: int) -> None:
+        """``block_id`` cached under ``content_hash`` and touched."""
+        self._cached_blocks[content_hash] = block_id
+        self._touched_blocks.add(block_id)
+
+    def _release_own(self, block_id: int) -> None:
+        """The block's own id drops its reference (free, on the left, at 0)."""
+        self._release_hashless(block_id)
+
+
+class _TakeId(PrefixCachingBlockAllocator):
+    """``_take_id`` as the impl does it (without content verification), with
+    the eviction, where the fault is, left to ``_evicted``."""
+
+    def _take_id(self) -> int:
+        if self._free_ids:
+            block_id = self._free_ids.popleft()
+        elif self.evictor.num_blocks:
+            block_id = self._evicted()
+        else:
+            raise NoFreeBlocksError("no free or evictable block")
+        self._refcounts[block_id] = 1
+        tracker = self._block_tracker[block_id]
+        tracker.active = True
+        tracker.last_accessed = _LAST_ACCESSED_DEFAULT
+        tracker.computed = False
+        return block_id
+
+    def _evicted(self) -> int:
+        """The evictor's victim, taken out of the evictor and the cache."""
+        raise NotImplementedError
+
+
+class _CopyOnWrite(PrefixCachingBlockAllocator):
+    """Copy-on-write with the impl's checks, with the move of a shared block
+    to a fresh id, where the fault is, left to ``_moved``."""
+
+    def cow_block_if_not_appendable(self, block: Any) -> int:
+        src = self._check_owned(block)
+        if self._refcounts[src] <= 1:
+            return src
+        content_hash = block.content_hash
+        if content_hash is not None and self._cached_blocks.get(content_hash) == src:
             raise ImmutableBlockError(f"block {src} is immutable: it is never written")
-        allocator._check_capacity(1)
-    return src
+        self._check_capacity(1)
+        return self._moved(block, src)
+
+    def _moved(self, block: Any, src: int) -> int:
+        """``block``, shared on ``src``, moved to a fresh id; the new id."""
+        raise NotImplementedError
+
+
+def _checked_chain(allocator: Any, last_block: Any) -> List[Any]:
+    """The checks fork makes before it changes anything (as the impl does);
+    the chain ending at ``last_block``."""
+    allocator._check_owned(last_block)
+    chain = get_all_blocks_recursively(last_block)
+    for block in chain:
+        allocator._check_owned(block)
+    return chain
+
+
+def _forked_block(allocator: Any, prev: Optional[PrefixCachingBlock],
+                  source: PrefixCachingBlock) -> PrefixCachingBlock:
+    """A Block after ``prev`` on ``source``'s id with a copy of its tokens,
+    its extra hash, its known hash and hashability (as the impl's fork makes
+    it); the id's reference count is the caller's."""
+    forked = allocator._pooled_block(prev, source._token_ids, source._block_id,
+                                     source._extra_hash)
+    forked._cached_content_hash = source._cached_content_hash
+    forked._unhashable = source._unhashable
+    return forked
 
 
 # ----------------------------------------------------------------------------
@@ -121,19 +193,12 @@ class ForkMissesFirstBlock(PrefixCachingBlockAllocator):
     INVARIANTS = ("ownership_matches",)
 
     def fork(self, last_block: Any) -> List[Any]:
-        self._check_owned(last_block)
-        chain = get_all_blocks_recursively(last_block)
-        for block in chain:
-            self._check_owned(block)
         forked: List[Any] = []
         prev: Optional[PrefixCachingBlock] = None
-        for index, source in enumerate(chain):
-            block_id = source._block_id
+        for index, source in enumerate(_checked_chain(self, last_block)):
             if index > 0:  # FAULT: off by one, the first block is never counted
-                self._refcounts[block_id] += 1
-            prev = self._pooled_block(prev, source._token_ids, block_id, source._extra_hash)
-            prev._cached_content_hash = source._cached_content_hash
-            prev._unhashable = source._unhashable
+                self._refcounts[source._block_id] += 1
+            prev = _forked_block(self, prev, source)
             forked.append(prev)
         return forked
 
@@ -157,7 +222,7 @@ class FreeCountWithoutEvictable(PrefixCachingBlockAllocator):
         return len(self._free_ids)  # FAULT: + self.evictor.num_blocks is missing
 
 
-class DuplicatePromotionLeaksOwnId(PrefixCachingBlockAllocator):
+class DuplicatePromotionLeaksOwnId(_Promotion):
     """Duplicate promotion forgets to release the block's own id.
 
     When a decode fills a block whose content is already cached, the block
@@ -171,20 +236,11 @@ class DuplicatePromotionLeaksOwnId(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"conformance"})
     INVARIANTS = ("ownership_matches",)
 
-    def promote_to_immutable_block(self, block: Any) -> int:
-        block_id, content_hash, cached_id = _checked_promotion(self, block)
-        if cached_id is None:
-            self._cached_blocks[content_hash] = block_id
-            self._touched_blocks.add(block_id)
-            return block_id
-        # FAULT: self._release_hashless(block_id) is missing
-        self._acquire_cached(cached_id)
-        block.block_id = cached_id
-        block.computed = True
-        return cached_id
+    def _release_own(self, block_id: int) -> None:
+        pass  # FAULT: self._release_hashless(block_id) is missing
 
 
-class DuplicatePromotionFreesToTheRight(PrefixCachingBlockAllocator):
+class DuplicatePromotionFreesToTheRight(_Promotion):
     """Duplicate promotion puts the block's own id on the wrong end of the
     free list.
 
@@ -199,24 +255,15 @@ class DuplicatePromotionFreesToTheRight(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"conformance"})
     INVARIANTS = ()
 
-    def promote_to_immutable_block(self, block: Any) -> int:
-        block_id, content_hash, cached_id = _checked_promotion(self, block)
-        if cached_id is None:
-            self._cached_blocks[content_hash] = block_id
-            self._touched_blocks.add(block_id)
-            return block_id
+    def _release_own(self, block_id: int) -> None:
         count = self._refcounts[block_id]
         self._refcounts[block_id] = count - 1
         if count == 1:
             self._untrack(block_id)
             self._free_ids.append(block_id)  # FAULT: should be appendleft (LIFO)
-        self._acquire_cached(cached_id)
-        block.block_id = cached_id
-        block.computed = True
-        return cached_id
 
 
-class DuplicatePromotionReleasesTwice(PrefixCachingBlockAllocator):
+class DuplicatePromotionReleasesTwice(_Promotion):
     """Duplicate promotion releases the block's own id twice.
 
     It frees the id through the hashless path (which decrements the refcount
@@ -232,25 +279,16 @@ class DuplicatePromotionReleasesTwice(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"invariant"})
     INVARIANTS = ("refcounts_non_negative", "partition")
 
-    def promote_to_immutable_block(self, block: Any) -> int:
-        block_id, content_hash, cached_id = _checked_promotion(self, block)
-        if cached_id is None:
-            self._cached_blocks[content_hash] = block_id
-            self._touched_blocks.add(block_id)
-            return block_id
+    def _release_own(self, block_id: int) -> None:
         self._release_hashless(block_id)
         self._refcounts[block_id] -= 1  # FAULT: the helper already decremented
-        self._acquire_cached(cached_id)
-        block.block_id = cached_id
-        block.computed = True
-        return cached_id
 
 
 # ----------------------------------------------------------------------------
 # the cache map and the evictor
 
 
-class EvictionKeepsStaleHash(PrefixCachingBlockAllocator):
+class EvictionKeepsStaleHash(_TakeId):
     """Stale cache entry after eviction.
 
     When an id is evicted for reuse, its content hash is not dropped from
@@ -266,21 +304,11 @@ class EvictionKeepsStaleHash(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"invariant", "integrity"})
     INVARIANTS = ("cached_content_matches", "cached_ids_distinct")
 
-    def _take_id(self) -> int:
-        if self._free_ids:
-            block_id = self._free_ids.popleft()
-        elif self.evictor.num_blocks:
-            block_id, content_hash = self.evictor.evict()
-            # FAULT: del self._cached_blocks[content_hash] is missing
-            self._touched_blocks.discard(block_id)
-            self._prefix_memo.evicted(content_hash)
-        else:
-            raise NoFreeBlocksError("no free or evictable block")
-        self._refcounts[block_id] = 1
-        tracker = self._block_tracker[block_id]
-        tracker.active = True
-        tracker.last_accessed = _LAST_ACCESSED_DEFAULT
-        tracker.computed = False
+    def _evicted(self) -> int:
+        block_id, content_hash = self.evictor.evict()
+        # FAULT: del self._cached_blocks[content_hash] is missing
+        self._touched_blocks.discard(block_id)
+        self._prefix_memo.evicted(content_hash)
         return block_id
 
 
@@ -371,7 +399,7 @@ class EvictorEntryCountsOwnTokens(PrefixCachingBlockAllocator):
         self._untrack(block_id)
 
 
-class EvictsShallowestFirst(PrefixCachingBlockAllocator):
+class EvictsShallowestFirst(_TakeId):
     """Eviction tie-break the wrong way round.
 
     The victim is chosen by ``(last_accessed, num_hashed_tokens, block_id)``
@@ -394,25 +422,15 @@ class EvictsShallowestFirst(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"conformance", "integrity"})
     INVARIANTS = ("eviction_order",)
 
-    def _take_id(self) -> int:
-        if self._free_ids:
-            block_id = self._free_ids.popleft()
-        elif self.evictor.num_blocks:
-            table = self.evictor.free_table
-            block_id = min(table, key=lambda i: (  # FAULT: +num_hashed_tokens
-                table[i].last_accessed, table[i].num_hashed_tokens, i))
-            content_hash = table[block_id].content_hash
-            self.evictor.remove(block_id)
-            del self._cached_blocks[content_hash]
-            self._touched_blocks.discard(block_id)
-            self._prefix_memo.evicted(content_hash)
-        else:
-            raise NoFreeBlocksError("no free or evictable block")
-        self._refcounts[block_id] = 1
-        tracker = self._block_tracker[block_id]
-        tracker.active = True
-        tracker.last_accessed = _LAST_ACCESSED_DEFAULT
-        tracker.computed = False
+    def _evicted(self) -> int:
+        table = self.evictor.free_table
+        block_id = min(table, key=lambda i: (  # FAULT: +num_hashed_tokens
+            table[i].last_accessed, table[i].num_hashed_tokens, i))
+        content_hash = table[block_id].content_hash
+        self.evictor.remove(block_id)
+        del self._cached_blocks[content_hash]
+        self._touched_blocks.discard(block_id)
+        self._prefix_memo.evicted(content_hash)
         return block_id
 
 
@@ -428,7 +446,24 @@ class Vllm085Evictor(LRUEvictor):
         self.free_table[block_id].last_accessed = last_accessed  # FAULT: no heap push
 
 
-class EvictorUpdateDoesNotReorder(PrefixCachingBlockAllocator):
+class _WithEvictor(PrefixCachingBlockAllocator):
+    """Wiring: the evictor is an ``EVICTOR``, also after a reset."""
+
+    EVICTOR: type
+
+    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
+                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
+        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
+        self.evictor = self.EVICTOR()
+
+    def reset_prefix_cache(self) -> bool:
+        done = super().reset_prefix_cache()
+        if done:  # the fresh (empty) evictor is the faulty kind again
+            self.evictor = self.EVICTOR()
+        return done
+
+
+class EvictorUpdateDoesNotReorder(_WithEvictor):
     """An evictor whose ``update`` does not reorder.
 
     vLLM 0.8.5's heap-based ``LRUEvictor.update`` sets ``last_accessed`` in
@@ -445,17 +480,7 @@ class EvictorUpdateDoesNotReorder(PrefixCachingBlockAllocator):
     FAULT = "the evictor's update() changes the time without reordering (vLLM 0.8.5)"
     EXPECTED = frozenset({"conformance", "crash"})
     INVARIANTS = ("eviction_order",)
-
-    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
-                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
-        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
-        self.evictor = Vllm085Evictor()
-
-    def reset_prefix_cache(self) -> bool:
-        done = super().reset_prefix_cache()
-        if done:  # wiring: the fresh (empty) evictor is the faulty kind again
-            self.evictor = Vllm085Evictor()
-        return done
+    EVICTOR = Vllm085Evictor
 
 
 class MarkAccessedSkipsEvictable(PrefixCachingBlockAllocator):
@@ -486,7 +511,7 @@ class MarkAccessedSkipsEvictable(PrefixCachingBlockAllocator):
 # the computed / touched life cycle
 
 
-class PromotionMarksComputed(PrefixCachingBlockAllocator):
+class PromotionMarksComputed(_Promotion):
     """A block marked computed at promotion.
 
     A newly promoted block's tracker is set computed at once, instead of when
@@ -502,21 +527,12 @@ class PromotionMarksComputed(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"conformance"})
     INVARIANTS = ("touched_not_computed",)
 
-    def promote_to_immutable_block(self, block: Any) -> int:
-        block_id, content_hash, cached_id = _checked_promotion(self, block)
-        if cached_id is None:
-            self._cached_blocks[content_hash] = block_id
-            self._touched_blocks.add(block_id)
-            self._block_tracker[block_id].computed = True  # FAULT: too early
-            return block_id
-        self._release_hashless(block_id)
-        self._acquire_cached(cached_id)
-        block.block_id = cached_id
-        block.computed = True
-        return cached_id
+    def _cache_new(self, block_id: int, content_hash: int) -> None:
+        super()._cache_new(block_id, content_hash)
+        self._block_tracker[block_id].computed = True  # FAULT: too early
 
 
-class EvictionKeepsTouched(PrefixCachingBlockAllocator):
+class EvictionKeepsTouched(_TakeId):
     """An evicted-then-reused id left in ``_touched_blocks``.
 
     A block promoted and freed before ``mark_blocks_as_computed`` is
@@ -529,21 +545,11 @@ class EvictionKeepsTouched(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"invariant"})
     INVARIANTS = ("touched_hold_content",)
 
-    def _take_id(self) -> int:
-        if self._free_ids:
-            block_id = self._free_ids.popleft()
-        elif self.evictor.num_blocks:
-            block_id, content_hash = self.evictor.evict()
-            del self._cached_blocks[content_hash]
-            # FAULT: self._touched_blocks.discard(block_id) is missing
-            self._prefix_memo.evicted(content_hash)
-        else:
-            raise NoFreeBlocksError("no free or evictable block")
-        self._refcounts[block_id] = 1
-        tracker = self._block_tracker[block_id]
-        tracker.active = True
-        tracker.last_accessed = _LAST_ACCESSED_DEFAULT
-        tracker.computed = False
+    def _evicted(self) -> int:
+        block_id, content_hash = self.evictor.evict()
+        del self._cached_blocks[content_hash]
+        # FAULT: self._touched_blocks.discard(block_id) is missing
+        self._prefix_memo.evicted(content_hash)
         return block_id
 
 
@@ -602,7 +608,18 @@ def _four_bit_hash(parent: Optional[int], token_ids: Any, extra_hash: Optional[i
     return sha256_hash(parent, token_ids, extra_hash) & 0xF  # FAULT: 16 values
 
 
-class ExtraHashIgnored(PrefixCachingBlockAllocator):
+class _HashedBy(PrefixCachingBlockAllocator):
+    """Wiring: the content hash is ``HASH`` unless the caller names one."""
+
+    HASH: Callable[[Optional[int], Any, Optional[int]], int]
+
+    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
+                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
+        kwargs.setdefault("hash_algo", self.HASH)
+        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
+
+
+class ExtraHashIgnored(_HashedBy):
     """A content hash that ignores ``extra_hash`` (tenant / LoRA leak).
 
     Two requests with the same tokens under different LoRA adapters (or
@@ -614,14 +631,10 @@ class ExtraHashIgnored(PrefixCachingBlockAllocator):
     FAULT = "the content hash ignores extra_hash (LoRA / tenant)"
     EXPECTED = frozenset({"integrity"})
     INVARIANTS = ()
-
-    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
-                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
-        kwargs.setdefault("hash_algo", _hash_without_extra)
-        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
+    HASH = staticmethod(_hash_without_extra)
 
 
-class FourBitHash(PrefixCachingBlockAllocator):
+class FourBitHash(_HashedBy):
     """A content hash truncated to 4 bits.
 
     Stands for every weak or predictable block hash: a truncated hash, a hash
@@ -635,11 +648,7 @@ class FourBitHash(PrefixCachingBlockAllocator):
     FAULT = "the content hash is truncated to 4 bits (collisions)"
     EXPECTED = frozenset({"integrity"})
     INVARIANTS = ()
-
-    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
-                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
-        kwargs.setdefault("hash_algo", _four_bit_hash)
-        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
+    HASH = staticmethod(_four_bit_hash)
 
 
 class _OneSlotEarlyBlock(PrefixCachingBlock):
@@ -695,19 +704,12 @@ class ForkSharesTokenList(PrefixCachingBlockAllocator):
     INVARIANTS = ("content_is_cached",)
 
     def fork(self, last_block: Any) -> List[Any]:
-        self._check_owned(last_block)
-        chain = get_all_blocks_recursively(last_block)
-        for block in chain:
-            self._check_owned(block)
         forked: List[Any] = []
         prev: Optional[PrefixCachingBlock] = None
-        for source in chain:
-            block_id = source._block_id
-            self._refcounts[block_id] += 1
-            prev = self._pooled_block(prev, source._token_ids, block_id, source._extra_hash)
+        for source in _checked_chain(self, last_block):
+            self._refcounts[source._block_id] += 1
+            prev = _forked_block(self, prev, source)
             prev._token_ids = source._token_ids  # FAULT: aliased, not copied
-            prev._cached_content_hash = source._cached_content_hash
-            prev._unhashable = source._unhashable
             forked.append(prev)
         return forked
 
@@ -716,7 +718,7 @@ class ForkSharesTokenList(PrefixCachingBlockAllocator):
 # copy-on-write
 
 
-class CowForgetsRecord(PrefixCachingBlockAllocator):
+class CowForgetsRecord(_CopyOnWrite):
     """Copy-on-write that does not record the pair.
 
     The block moves to a fresh id but ``(src, dst)`` is never recorded, so
@@ -727,10 +729,7 @@ class CowForgetsRecord(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"conformance"})
     INVARIANTS = ()
 
-    def cow_block_if_not_appendable(self, block: Any) -> int:
-        src = _checked_cow_source(self, block)
-        if self._refcounts[src] <= 1:
-            return src
+    def _moved(self, block: Any, src: int) -> int:
         self._refcounts[src] -= 1
         dst = self._take_id()
         # FAULT: self._cow_tracker.record_cow(src, dst) is missing
@@ -738,7 +737,7 @@ class CowForgetsRecord(PrefixCachingBlockAllocator):
         return dst
 
 
-class CowKeepsSourceReference(PrefixCachingBlockAllocator):
+class CowKeepsSourceReference(_CopyOnWrite):
     """Copy-on-write that forgets to decrement the source.
 
     The block leaves the shared id but the id keeps its reference, so it is
@@ -749,10 +748,7 @@ class CowKeepsSourceReference(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"invariant"})
     INVARIANTS = ("ownership_matches",)
 
-    def cow_block_if_not_appendable(self, block: Any) -> int:
-        src = _checked_cow_source(self, block)
-        if self._refcounts[src] <= 1:
-            return src
+    def _moved(self, block: Any, src: int) -> int:
         # FAULT: self._refcounts[src] -= 1 is missing
         dst = self._take_id()
         self._cow_tracker.record_cow(src, dst)
@@ -760,7 +756,7 @@ class CowKeepsSourceReference(PrefixCachingBlockAllocator):
         return dst
 
 
-class CowRecordsAfterMove(PrefixCachingBlockAllocator):
+class CowRecordsAfterMove(_CopyOnWrite):
     """Copy-on-write that records the pair after moving the block.
 
     ``record_cow(block.block_id, dst)`` is written after ``block.block_id =
@@ -771,10 +767,7 @@ class CowRecordsAfterMove(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"invariant"})
     INVARIANTS = ("copy_on_writes_well_formed",)
 
-    def cow_block_if_not_appendable(self, block: Any) -> int:
-        src = _checked_cow_source(self, block)
-        if self._refcounts[src] <= 1:
-            return src
+    def _moved(self, block: Any, src: int) -> int:
         self._refcounts[src] -= 1
         dst = self._take_id()
         block.block_id = dst
@@ -1115,7 +1108,7 @@ class _LenientEvictor(LRUEvictor):
             super().remove(block_id)
 
 
-class EvictorRemoveIgnoresAbsent(PrefixCachingBlockAllocator):
+class EvictorRemoveIgnoresAbsent(_WithEvictor):
     """An evictor whose ``remove`` ignores an id it does not hold (the
     caller's bookkeeping error goes unnoticed)."""
 
@@ -1123,17 +1116,7 @@ class EvictorRemoveIgnoresAbsent(PrefixCachingBlockAllocator):
     EXPECTED = frozenset({"robustness"})
     INVARIANTS = ()
     ROW = "LRUEvictor.remove/update:absent"
-
-    def __init__(self, num_blocks: int, block_size: int, block_ids: Any = None,
-                 eviction_policy: EvictionPolicy = EvictionPolicy.LRU, **kwargs: Any) -> None:
-        super().__init__(num_blocks, block_size, block_ids, eviction_policy, **kwargs)
-        self.evictor = _LenientEvictor()
-
-    def reset_prefix_cache(self) -> bool:
-        done = super().reset_prefix_cache()
-        if done:
-            self.evictor = _LenientEvictor()
-        return done
+    EVICTOR = _LenientEvictor
 
 
 #: Allocators that mishandle one row of the error table (``ROW``): the

@@ -22,7 +22,7 @@ import pytest
 
 from prefixcache.impl.common import BlockPool, RefCounter
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
-from prefixcache.impl.errors import NoFreeBlocksError
+from prefixcache.impl.errors import CallerError, NoFreeBlocksError
 from prefixcache.impl.evictor import LRUEvictor
 from prefixcache.impl.interfaces import Block, Device
 from prefixcache.impl.naive_block import NaiveBlockAllocator
@@ -203,3 +203,20 @@ def expect_rejected(
     if still_works:
         check_still_works(obj)
     return info.value
+
+
+def freed_or_unchanged(allocator: Any, block: Block) -> bool:
+    """``allocator.free(block)`` is all or nothing: it works (True: ``block``
+    is detached) or raises a CallerError and leaves ``allocator`` and
+    ``block`` exactly as they were (False)."""
+    before = snapshot(allocator, [block])
+    try:
+        allocator.free(block)
+    except CallerError:
+        after = snapshot(allocator, [block])
+        if after != before:
+            _fail("the refused free left the state changed: " + _diff(before, after))
+        return False
+    if block.block_id is not None:
+        _fail(f"the freed Block still has id {block.block_id}")
+    return True
