@@ -545,10 +545,13 @@ class Driver(Lockstep):
     def _accepts(self, m_exc: BaseException, t_exc: BaseException) -> bool:
         """Whether the target's exception plays the role of the model's: a
         NoFreeBlocksError of prefixcache or of the target's own classes; for
-        a caller mistake the same class, or any exception under the option
-        ``any_mistake_exception``; else the same class."""
+        an empty evictor any ValueError (the API's: vLLM's evictor raises a
+        plain one); for a caller mistake the same class, or any exception
+        under the option ``any_mistake_exception``; else the same class."""
         if isinstance(m_exc, err.NoFreeBlocksError):
             return isinstance(t_exc, self._no_free)
+        if isinstance(m_exc, err.EvictorEmptyError):
+            return isinstance(t_exc, ValueError)
         if isinstance(m_exc, err.CallerError) and self.semantics.any_mistake_exception:
             return isinstance(t_exc, Exception)
         return isinstance(t_exc, type(m_exc))

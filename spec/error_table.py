@@ -6,12 +6,16 @@ the allocators it applies to.  Every row comes with the same promise: the
 call has no effect, the allocator's abstract state is exactly as before.
 
 A ``NoFreeBlocksError`` row is not a mistake but a request that cannot be
-satisfied now; it keeps the same all-or-nothing promise.
+satisfied now, and neither is an ``EvictorEmptyError`` row; both keep the
+same all-or-nothing promise.
 
 A row is named ``operation:tag``.  The oracle's fuzzer makes every row's
 mistake (:mod:`prefixcache.oracle.mistakes`) on the target and on the model
 alike, and checks the exception class, that nothing changed, and that the
-allocator goes on serving.
+allocator goes on serving.  Where vLLM's API fixes a wider class, the
+target's exception need only be of that one: the target's own
+``NoFreeBlocksError`` for a full pool, any ``ValueError`` for an empty
+evictor (vLLM's is a plain one).
 """
 
 from __future__ import annotations

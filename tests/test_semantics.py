@@ -127,3 +127,17 @@ def test_the_targets_own_no_free_blocks_error_plays_the_role() -> None:
         Step("allocate_mutable_block", {"prev_block": None})])
     result = replay(trace, target, semantics=VLLM)
     assert result.violation is None, result.violation
+
+
+@pytest.mark.parametrize("semantics", [PREFIXCACHE, VLLM])
+def test_the_evictors_plain_value_error_plays_the_role(semantics: Semantics) -> None:
+    """vLLM's LRUEvictor refuses evict() when empty with a plain ValueError
+    (the API's), not prefixcache's EvictorEmptyError: that is no finding,
+    under either preset; another exception is one."""
+    trace = _trace(Step("LRUEvictor.evict", {}), semantics=semantics)
+    assert replay(trace, resolve_target("vllm==0.8.5")).violation is None
+    empty = _trace(Step("LRUEvictor.evict", {}), semantics=semantics)
+    empty.target = "tests.helpers.oracle_faults:EvictorRaisesKeyError"
+    result = replay(empty)
+    assert result.violation is not None
+    assert result.violation.signature == "conformance/LRUEvictor.evict/not-EvictorEmptyError"

@@ -70,3 +70,20 @@ class AssertsOnDetachedFree(PrefixCachingBlockAllocator):
         if getattr(block, "block_id", 0) is None:
             raise AssertionError("block_id is None")
         return super().free(block, keep_block_object=keep_block_object)
+
+
+class EvictorRaisesKeyError(PrefixCachingBlockAllocator):
+    """Its evictor refuses ``evict()`` when empty with a KeyError, not the
+    API's ValueError."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        evictor = self.evictor
+
+        class KeyErrorEvictor(type(evictor)):  # type: ignore[misc]
+            def evict(self):  # type: ignore[no-untyped-def]
+                if not self.free_table:
+                    raise KeyError("empty")
+                return super().evict()
+
+        evictor.__class__ = KeyErrorEvictor
