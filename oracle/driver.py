@@ -123,6 +123,9 @@ class Lockstep:
                            target=target.name, strict=strict, semantics=semantics.to_json())
         self._op = "__init__"
         self.refused: Optional[str] = None
+        #: the steps of the caller mistakes the target refused while the
+        #: oracle could not read its state (black-box)
+        self.unseen_refusals: List[int] = []
         self.step_events: List[str] = []
         self.events: Counter[str] = Counter()
 
@@ -145,7 +148,24 @@ class Lockstep:
         return len(self.trace.steps) - 1
 
     def _fail(self, category: str, message: str, rule: str) -> Violation:
+        """A finding at this step; after an unseen refusal (see
+        :meth:`_refused_mistake`) any but a robustness one may be that
+        refusal's doing: ``robustness/<operation>/after-refusal:<rule>``."""
+        unseen = self.unseen_refusals
+        if unseen and category != "robustness":
+            which = (f"a caller mistake refused at step {unseen[0]}" if len(unseen) == 1 else
+                     f"caller mistakes refused at steps {', '.join(map(str, unseen))}")
+            message += (f" [{category}], after {which}: black-box, the oracle cannot see "
+                        "that a refusal changed nothing")
+            category, rule = "robustness", f"after-refusal:{rule}"
         return Violation(category, message, self._step_no(), operation=self._op, rule=rule)
+
+    def _refused_mistake(self, seen: bool) -> None:
+        """The target refused this step's caller mistake and changed nothing
+        that the oracle could see: all of its state when ``seen``, else its
+        answers only, so that a later difference may be this refusal's."""
+        if not seen:
+            self.unseen_refusals.append(self._step_no())
 
     def _attach_trace(self, violation: Violation) -> None:
         """Give ``violation`` the trace that led to it."""
@@ -541,6 +561,8 @@ class Driver(Lockstep):
         if t_exc is None or not self._accepts(m_exc, t_exc):
             raise self._unlike_refusal(step, category, name, m_exc, t_exc)
         self._compare_after(step, unchanged=True)
+        if mistake:
+            self._refused_mistake(self.white and self.state_checks)
 
     def _accepts(self, m_exc: BaseException, t_exc: BaseException) -> bool:
         """Whether the target's exception plays the role of the model's: a

@@ -250,6 +250,8 @@ class V1Driver(Lockstep):
             raise self._unlike_refusal(step, category, "ValueError", m_exc, t_exc,
                                        "" if capacity else f":{tag}")
         self._compare_after(step, unchanged=True)
+        if not capacity:
+            self._refused_mistake(self.white)
 
     def _judge_success(self, step: Step, t_res: Any, t_exc: Optional[BaseException],
                        m_res: Any) -> None:

@@ -10,7 +10,7 @@ from prefixcache.impl import errors as err
 from prefixcache.model import DeviceModel, Model
 from prefixcache.oracle.findings import Finding, explain
 from prefixcache.oracle.replay import replay
-from prefixcache.oracle.targets import resolve_target
+from prefixcache.oracle.targets import DEFAULT_TARGET, resolve_target
 from prefixcache.oracle.trace import Step, Trace
 from prefixcache.spec.semantics import (
     OPTIONS,
@@ -141,3 +141,30 @@ def test_the_evictors_plain_value_error_plays_the_role(semantics: Semantics) -> 
     result = replay(empty)
     assert result.violation is not None
     assert result.violation.signature == "conformance/LRUEvictor.evict/not-EvictorEmptyError"
+
+
+FORK_OF_A_FOREIGN_BLOCK = (Step("fork", {"last_block": "@foreign"}),
+                           Step("allocate_mutable_block", {"prev_block": None,
+                                                           "extra_hash": None}, out=["b0"]),
+                           Step("free", {"block": "b0"}))
+
+
+def test_black_box_puts_a_later_difference_on_the_refused_mistake() -> None:
+    """vLLM's fork of another allocator's Block raises, but first takes a
+    reference on the id of the same number.  White-box, the fork's own step
+    shows it; black-box, only the free count after a later free does, and
+    the finding says that it comes after a refused mistake."""
+    target = resolve_target("prefixcache.bench.vllm_repaired:PrefixCachingBlockAllocator")
+    trace = Trace(num_blocks=1, block_size=1, target=target.name,
+                  semantics=VLLM.to_json(), steps=list(FORK_OF_A_FOREIGN_BLOCK))
+    white = replay(trace, target).violation
+    assert white is not None and white.step == 0
+    assert white.signature == "robustness/fork/changed:blocks.presence"
+    black = replay(trace, target, white_box=False).violation
+    assert black is not None and black.step == 2
+    assert black.signature == "robustness/free/after-refusal:free-count"
+    assert "after a caller mistake refused at step 0:" in black.message
+    assert "get_num_free_blocks() is 0 in the target" in black.message
+    honest = replay(Trace(num_blocks=1, block_size=1, steps=list(FORK_OF_A_FOREIGN_BLOCK)),
+                    resolve_target(DEFAULT_TARGET), white_box=False)
+    assert honest.violation is None
