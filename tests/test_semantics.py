@@ -136,9 +136,7 @@ def test_the_evictors_plain_value_error_plays_the_role(semantics: Semantics) -> 
     under either preset; another exception is one."""
     trace = _trace(Step("LRUEvictor.evict", {}), semantics=semantics)
     assert replay(trace, resolve_target("vllm==0.8.5")).violation is None
-    empty = _trace(Step("LRUEvictor.evict", {}), semantics=semantics)
-    empty.target = "tests.helpers.oracle_faults:EvictorRaisesKeyError"
-    result = replay(empty)
+    result = replay(trace, resolve_target("tests.helpers.oracle_faults:EvictorRaisesKeyError"))
     assert result.violation is not None
     assert result.violation.signature == "conformance/LRUEvictor.evict/not-EvictorEmptyError"
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from prefixcache.impl.evictor import LRUEvictor
 from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
 
 
@@ -72,18 +73,19 @@ class AssertsOnDetachedFree(PrefixCachingBlockAllocator):
         return super().free(block, keep_block_object=keep_block_object)
 
 
+class _KeyErrorEvictor(LRUEvictor):
+    """An LRU evictor that refuses ``evict()`` when empty with a KeyError."""
+
+    def evict(self):  # type: ignore[no-untyped-def]
+        if not self.free_table:
+            raise KeyError("empty")
+        return super().evict()
+
+
 class EvictorRaisesKeyError(PrefixCachingBlockAllocator):
     """Its evictor refuses ``evict()`` when empty with a KeyError, not the
     API's ValueError."""
 
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        evictor = self.evictor
-
-        class KeyErrorEvictor(type(evictor)):  # type: ignore[misc]
-            def evict(self):  # type: ignore[no-untyped-def]
-                if not self.free_table:
-                    raise KeyError("empty")
-                return super().evict()
-
-        evictor.__class__ = KeyErrorEvictor
+        self.evictor = _KeyErrorEvictor()
