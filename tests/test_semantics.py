@@ -166,3 +166,29 @@ def test_black_box_puts_a_later_difference_on_the_refused_mistake() -> None:
     honest = replay(Trace(num_blocks=1, block_size=1, steps=list(FORK_OF_A_FOREIGN_BLOCK)),
                     resolve_target(DEFAULT_TARGET), white_box=False)
     assert honest.violation is None
+
+
+def test_an_answer_to_a_refused_call_may_hit_its_own_content() -> None:
+    """vLLM takes a token that is not an int.  Its answer to that refused
+    call hits the id of the first block's own content, which is no integrity
+    finding (only the mistake accepted is); a hit for ``['x']`` on the id of
+    ``[0]`` is one (white-box a hash collision, black-box other content)."""
+    filled = [Step("allocate_mutable_block", {"prev_block": None, "extra_hash": None},
+                   out=["b0"]),
+              Step("append_token_ids", {"block": "b0", "token_ids": [0]})]
+    both = Step("allocate_immutable_blocks", {"prev_block": None, "extra_hash": None,
+                                              "block_token_ids": [[0], ["x"]]})
+    trace = Trace(num_blocks=2, block_size=1, target="vllm==0.8.5", semantics=VLLM.to_json(),
+                  steps=[*filled, both])
+    found = replay(trace, resolve_target("vllm==0.8.5")).violation
+    assert found is not None
+    assert found.signature == "robustness/allocate_immutable_blocks/no-WrongTypeError"
+    other = Step("allocate_immutable_block", {"prev_block": None, "extra_hash": None,
+                                              "token_ids": ["x"]})
+    trace = Trace(num_blocks=2, block_size=1, steps=[*filled, other])
+    target = resolve_target("tests.helpers.oracle_faults:HashesOtherTokensAsZero")
+    white = replay(trace, target).violation
+    assert white is not None and white.signature == "integrity/allocate_immutable_block/collision"
+    black = replay(trace, target, white_box=False).violation
+    assert black is not None
+    assert black.signature == "integrity/allocate_immutable_block/other-content"

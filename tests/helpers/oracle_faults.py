@@ -89,3 +89,15 @@ class EvictorRaisesKeyError(PrefixCachingBlockAllocator):
     def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.evictor = _KeyErrorEvictor()
+
+
+class HashesOtherTokensAsZero(PrefixCachingBlockAllocator):
+    """Accepts a token that is not an int in ``allocate_immutable_block`` and
+    hashes it as 0: a Block of ``['x']`` hits the id that holds ``[0]``, so
+    it is handed someone else's KV."""
+
+    def allocate_immutable_block(self, prev_block, token_ids, extra_hash=None, device=None):  # type: ignore[no-untyped-def]
+        as_ints = [t if type(t) is int else 0 for t in token_ids]
+        block = super().allocate_immutable_block(prev_block, as_ints, extra_hash, device)
+        block._token_ids = list(token_ids)
+        return block
