@@ -52,7 +52,7 @@ from .target_log import take_unformattable, watch_log_formatting
 from .targets import Target
 from .trace import BLOCK_ARGS, BLOCK_LIST_ARGS, Step, Trace
 from .trackers import TRACKER_OPS, Trackers, call_tracker, make_trackers
-from .violations import Violation
+from .violations import AFTER_REFUSAL, Violation
 
 #: The API's own exception vocabulary: raising one of these on a valid call
 #: is a conformance failure; raising anything else is a crash.
@@ -151,14 +151,16 @@ class Lockstep:
     def _fail(self, category: str, message: str, rule: str) -> Violation:
         """A finding at this step; after an unseen refusal (see
         :meth:`_refused_mistake`) any but a robustness one may be that
-        refusal's doing: ``robustness/<operation>/after-refusal:<rule>``."""
+        refusal's doing: ``robustness/<operation>/after-refusal:<rule>``
+        (a campaign replays its trace without the refusals to tell:
+        :func:`~prefixcache.oracle.minimise.without_refusals`)."""
         unseen = self.unseen_refusals
         if unseen and category != "robustness":
             which = (f"a caller mistake refused at step {unseen[0]}" if len(unseen) == 1 else
                      f"caller mistakes refused at steps {', '.join(map(str, unseen))}")
             message += (f" [{category}], after {which}: black-box, the oracle cannot see "
                         "that a refusal changed nothing")
-            category, rule = "robustness", f"after-refusal:{rule}"
+            category, rule = "robustness", AFTER_REFUSAL + rule
         return Violation(category, message, self._step_no(), operation=self._op, rule=rule)
 
     def _refused_mistake(self, seen: bool) -> None:

@@ -16,6 +16,13 @@ was deleted) is simply not kept.  The result is *1-minimal* when it returns
 ``True``: no single step can be deleted, and one id fewer does not fail.
 A trace whose replay does not end in the same finding (a target that is
 not deterministic) is returned as it is, not minimal.
+
+Black-box, a finding after a refused caller mistake is put on that refusal
+(``robustness/<operation>/after-refusal:<rule>``), since the oracle cannot
+see that the refusal changed nothing.  :func:`without_refusals` deletes the
+refused steps and replays: when the same difference stays at the same
+operation, the refusals had no part in it, and the finding is the trace's
+own, in its own category.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from ..spec.semantics import Semantics
 from .replay import replay
 from .targets import Target
 from .trace import Step, Trace
-from .violations import Violation
+from .violations import AFTER_REFUSAL, Violation
 
 
 def _fails_alike(trace: Trace, target: Target, signature: str, semantics: Semantics,
@@ -42,6 +49,33 @@ def _fails_alike(trace: Trace, target: Target, signature: str, semantics: Semant
     found = result.violation
     if found is None or found.signature != signature or found.trace is None:
         return None
+    return found
+
+
+def without_refusals(violation: Violation, target: Target, *, semantics: Semantics,
+                     white_box: bool = True,
+                     call_timeout: Optional[float] = None) -> Violation:
+    """The finding of ``violation``'s trace with the refused caller mistakes
+    deleted, when ``violation`` was put on them (``after-refusal:``) and that
+    trace breaks the same rule at the same operation in a category of its
+    own; otherwise ``violation`` itself."""
+    trace: Optional[Trace] = violation.trace
+    rule = violation.rule.removeprefix(AFTER_REFUSAL)
+    if trace is None or rule == violation.rule or violation.category != "robustness":
+        return violation
+    try:
+        refused = set(replay(trace, target, white_box=white_box, semantics=semantics,
+                             call_timeout=call_timeout).refusals)
+        if not refused:
+            return violation
+        steps = [step for k, step in enumerate(trace.steps) if k not in refused]
+        found = replay(replace(trace, steps=steps), target, white_box=white_box,
+                       semantics=semantics, call_timeout=call_timeout).violation
+    except Exception:  # noqa: BLE001 -- steps that refer to what the refusals made
+        return violation
+    if found is None or found.trace is None or found.category == "robustness" \
+            or (found.operation, found.rule) != (violation.operation, rule):
+        return violation
     return found
 
 

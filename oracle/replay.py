@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..spec.semantics import PRESETS, Semantics
 from ..spec.v1_semantics import V1_PRESETS
@@ -31,10 +31,13 @@ from .violations import Violation
 
 @dataclass
 class ReplayResult:
-    """How far a replay got: the steps run, and the violation that stopped it."""
+    """How far a replay got: the steps run, the violation that stopped it,
+    and the steps of the caller mistakes the target refused while the oracle
+    could not read its state (black-box)."""
 
     steps_run: int
     violation: Optional[Violation]
+    refusals: Tuple[int, ...] = ()
 
 
 def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = True,
@@ -70,11 +73,11 @@ def replay(trace: Trace, target: Optional[Target] = None, *, white_box: bool = T
                 if echo is not None:
                     echo.append(f"{index:4d}  {show(step)}")
                     echo.append(f"      ^ {violation}")
-                return ReplayResult(index, violation)
+                return ReplayResult(index, violation, tuple(driver.unseen_refusals))
             if echo is not None:
                 verdict = f"refused: {driver.refused}" if driver.refused else "ok"
                 echo.append(f"{index:4d}  {show(step):70s}  # {verdict}")
-        return ReplayResult(len(trace.steps), None)
+        return ReplayResult(len(trace.steps), None, tuple(driver.unseen_refusals))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

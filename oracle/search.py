@@ -10,7 +10,10 @@ recorded and its signature becomes *known*, so from the next batch on an
 example that meets it again is halted quietly and the search goes on
 looking for others.  When Hypothesis's shrinking stalls
 (:data:`SHRINK_STALL`), :func:`~prefixcache.oracle.minimise.minimise`
-finishes it on the trace.  One finding per batch, not Hypothesis's multi-bug mode:
+finishes it on the trace.  A black-box finding put on a refused caller
+mistake is first replayed without the refused steps, and recorded in its
+own category when it stays (:func:`~prefixcache.oracle.minimise.without_refusals`).
+One finding per batch, not Hypothesis's multi-bug mode:
 that mode shrinks every failure of a batch together, and on real vLLM 0.8.5
 (two dozen distinct findings in the first batch) it shrank none to the end in
 120 s; one at a time, each takes seconds.  A hang is recorded as it happens,
@@ -40,7 +43,7 @@ from ..spec.semantics import Semantics
 from .findings import Finding, Findings
 from .kept_database import KeptFindings
 from .machine import OutOfTime, Stats, make_machine
-from .minimise import minimise
+from .minimise import minimise, without_refusals
 from .target_log import LogTally, captured_logs
 from .targets import Target
 from .v1_machine import make_v1_machine
@@ -212,6 +215,7 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
                 if progress is not None:
                     outcome.seconds = time.monotonic() - start
                     progress(outcome)
+            found = _own(found, target, options, findings, stats)
             new = [_shrunk(v, target, options, deadline, outcome) if options.shrink
                    else Finding(v, shrunk=False) for v in found]
             new += [Finding(v, shrunk=False) for v in stats.hangs[hangs_seen:]]
@@ -224,6 +228,27 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
                 findings.add(finding)
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _own(found: List[Violation], target: Target, options: SearchOptions,
+         findings: Findings, stats: Stats) -> List[Violation]:
+    """The findings of ``found``, each put on refused caller mistakes
+    replaced by the one its trace shows without them
+    (:func:`.minimise.without_refusals`); the signature it had becomes known,
+    so later batches halt on it, and one the baseline knows is counted as
+    met again, not found."""
+    own: List[Violation] = []
+    for violation in found:
+        finding = without_refusals(violation, target, semantics=options.semantics,
+                                   white_box=options.white_box,
+                                   call_timeout=options.call_timeout)
+        if finding is not violation:
+            findings.known.add(violation.signature)
+            if finding.signature in findings.known and finding.signature not in findings.found:
+                stats.known_seen[finding.signature] += 1
+                continue
+        own.append(finding)
+    return own
 
 
 def _shrunk(violation: Violation, target: Target, options: SearchOptions,

@@ -23,6 +23,10 @@ CATEGORIES: Dict[str, str] = {
     "hang": "a call of the target did not return within the call timeout",
 }
 
+#: The rule prefix of a finding put on refused caller mistakes (black-box:
+#: ``robustness/<operation>/after-refusal:<rule>``).
+AFTER_REFUSAL = "after-refusal:"
+
 
 class Violation(AssertionError):
     """The target broke the spec at ``step`` (an index into the trace), in
