@@ -28,8 +28,10 @@ imported) or per class by ``checked_class(base, check=...)``:
     partial states (:class:`~prefixcache.spec.state.PartialState`) over those
     elements plus the sizes of the rest (free list, evictor, cache), read in O(1),
     so the very same contracts and invariants run on them, at O(touched)
-    cost, and a change outside the touched elements that changes a size
-    is a violation of the contract.  ``audit()`` checks the whole state
+    cost (the invariants at the elements the call changed; a call that
+    changed nothing leaves a state that keeps them), and a change outside
+    the touched elements that changes a size is a violation of the
+    contract.  ``audit()`` checks the whole state
     (every invariant, and that the allocator's state is the mirror's); it
     runs at construction, every ``PREFIXCACHE_AUDIT_EVERY`` calls (0, the
     default: never) and whenever called.  A plain wrapper, not icontract.
@@ -584,8 +586,9 @@ class Checker:
         new = self._checked_state(f"after {op}", part)
         failure = self.judge(op, old, new, bound.pre(old), bound.post, result, bound.finish)
         changed = new.changed(old)  # type: ignore[attr-defined]
-        if not failure:
-            violated = check_all(new.narrowed(*changed))  # type: ignore[attr-defined]
+        if not failure:     # an unchanged state keeps the invariants the mirror's held
+            violated = [] if new == old else check_all(
+                new.narrowed(*changed))  # type: ignore[attr-defined]
             if ledger.collisions or ledger.conflicts:
                 violated += ["content_collision: " + line
                              for line in ledger.anomalies()[collisions:]]

@@ -43,17 +43,28 @@ ContentKey = Tuple[Tuple[Optional[int], Tokens], ...]
 
 
 class HashedKey(tuple):  # type: ignore[type-arg]
-    """A :data:`ContentKey` that computes its hash once (a key is as long as
-    its chain, and the checked allocators look keys up many times).  Equal
-    to, and hashed like, the plain tuple of the same pairs."""
+    """A :data:`ContentKey` that computes its hash once, when made (a key is
+    as long as its chain, and the checked allocators look keys up many
+    times).  Equal to, and hashed like, the plain tuple of the same pairs."""
+
+    _hash: int
+
+    def __new__(cls, pairs: Iterable[Tuple[Optional[int], Tokens]]) -> HashedKey:
+        """The key of ``pairs``, its hash computed (kept unset for a key
+        with an unhashable part: hashing it raises, as the tuple's would)."""
+        key = tuple.__new__(cls, pairs)
+        try:
+            key._hash = tuple.__hash__(key)
+        except TypeError:
+            pass
+        return key
 
     def __hash__(self) -> int:
-        """The tuple's hash, computed on first use."""
+        """The tuple's hash, computed when the key was made."""
         try:
-            return self.__dict__["_hash"]  # type: ignore[no-any-return]
-        except KeyError:
-            h = self.__dict__["_hash"] = tuple.__hash__(self)
-            return h
+            return self._hash
+        except AttributeError:
+            return tuple.__hash__(self)
 
 
 _S = TypeVar("_S")

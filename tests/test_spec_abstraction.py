@@ -24,7 +24,7 @@ from prefixcache.spec.abstraction import (
     ownership_matches_live,
 )
 from prefixcache.spec.invariants import check_all
-from prefixcache.spec.state import AbstractState, BlockState, EvictorEntry
+from prefixcache.spec.state import AbstractState, BlockState, EvictorEntry, HashedKey
 
 K12 = ((None, (1, 2)),)
 K1234 = ((None, (1, 2)), (None, (3, 4)))
@@ -148,6 +148,18 @@ def test_content_key_keeps_each_blocks_extra_hash() -> None:
     s = abstract_state(a, ledger=ledger)
     assert {e.content for e in s.evictor} >= {kx, ky}
     assert check_all(s, ownership([])) == []
+
+
+def test_a_hashed_key_is_its_tuple_hashed_once() -> None:
+    """A HashedKey equals, and hashes like, the tuple of its pairs (so either
+    finds the other in a dict); one with an unhashable part raises
+    TypeError when hashed, as the tuple would."""
+    pairs = ((None, (1, 2)), (7, (3, 4)))
+    key = HashedKey(pairs)
+    assert key == pairs and hash(key) == hash(pairs) and {pairs: 1}[key] == 1
+    odd = HashedKey([(None, ([1], 2))])
+    with pytest.raises(TypeError):
+        hash(odd)
 
 
 def test_ledger_names_and_flags_collisions() -> None:
