@@ -107,6 +107,13 @@ def _device_enum(allocator: Any) -> Any:
     return device
 
 
+def _uncached_key(content_hash: Any) -> ContentKey:
+    """The model's key for a hash no Block carried (a recorded query): a
+    pair no Block spells (its first item, a Block's extra hash, is never a
+    string), so the model caches it nowhere."""
+    return (("a hash no Block carried", (content_hash,)),)  # type: ignore[return-value]
+
+
 class Lockstep:
     """What the drivers of both profiles share: the target, the trace of the
     steps run, the options a refusal is judged by, the coverage labels, and
@@ -410,7 +417,9 @@ class Driver(Lockstep):
                 query = (self._standing_query(names) if slot is None
                          else self._reused_query(slot, names))
                 return obj.find_cached_blocks_prefix(query, **args)
-            return obj.find_cached_blocks_prefix([self.keys[n] for n in names], **args)
+            keys = self.keys
+            return obj.find_cached_blocks_prefix(
+                [keys[n] if isinstance(n, str) else _uncached_key(n) for n in names], **args)
         if side == "model":
             args.pop("keep_block_object", None)
             if "block" in args:  # the model names it ``handle``
@@ -427,7 +436,7 @@ class Driver(Lockstep):
         asked about again and grown in place, as vLLM's ComputedBlocksTracker
         asks about each running sequence's own list every step.  A target
         that remembers lists by identity must still see every eviction."""
-        hashes = [self.hashes[n] for n in names]
+        hashes = self._hashes_of(names)
         if not names:
             return hashes
         query = self._queries.get(names[0])
@@ -443,8 +452,15 @@ class Driver(Lockstep):
         is there: to a target that remembers lists by identity, the same list
         comes back shorter, changed, or longer with another start."""
         query = self._reused.setdefault(slot, [])
-        query[:] = [self.hashes[n] for n in names]
+        query[:] = self._hashes_of(names)
         return query
+
+    def _hashes_of(self, names: List[Any]) -> List[Any]:
+        """The target's hashes of a query's ``names``: a Block's name stands
+        for its hash, a number for a hash no Block carried (a recorded
+        query: :mod:`~prefixcache.oracle.recorder`)."""
+        hashes = self.hashes
+        return [hashes[n] if isinstance(n, str) else n for n in names]
 
     def _chooser(self, target_ids: List[int]) -> Callable[[frozenset[int]], int]:
         """Relaxed mode: hand the model the target's fresh ids, in order."""
@@ -612,7 +628,7 @@ class Driver(Lockstep):
 
     def _compare_result(self, step: Step, t_res: Any, m_res: Any) -> None:
         if step.op == "find_cached_blocks_prefix":
-            query = [self.hashes[n] for n in step.args["names"]]
+            query = self._hashes_of(step.args["names"])
             if list(t_res) != query[:len(m_res)]:
                 raise self._fail("conformance", f"find_cached_blocks_prefix: the target "
                                  f"found {len(t_res)} cached blocks, the spec "

@@ -7,6 +7,10 @@ Block it handed out, is appended to a :class:`~prefixcache.oracle.trace.Trace`
 with the answer: the result (Blocks as ids), the exception class, the ids
 and content hashes of the Blocks involved afterwards, and the free count.
 The engine gets :class:`RecordedBlock` proxies that behave as the Blocks.
+A ``find_cached_blocks_prefix`` query is recorded by the Blocks it asks
+about: each hash as the name of the last recorded Block that carried it,
+and a hash no recorded Block carried (content the allocator never cached)
+as the number itself.
 
 :func:`recorded_target` turns such a trace back into a target whose
 answers are the recorded ones, so ``prefixcache replay`` can hold a run
@@ -70,6 +74,8 @@ class RecordingAllocator:
                                           f"{type(allocator).__qualname__}")
         self._proxies: Dict[int, RecordedBlock] = {}
         self._count = 0
+        #: content hash -> the name of the last recorded Block that carried it
+        self._carriers: Dict[Any, str] = {}
 
     # -- bookkeeping -------------------------------------------------------------
 
@@ -128,6 +134,7 @@ class RecordingAllocator:
         expect["ids"] = {b._name: b._real.block_id for b in blocks}
         expect["hashes"] = {b._name: b._real.content_hash for b in blocks
                             if getattr(b._real, "content_hash", None) is not None}
+        self._carriers.update((h, name) for name, h in expect["hashes"].items())
         expect["free"] = self._free_count()
         step.expect = expect
         return result
@@ -143,6 +150,9 @@ class RecordingAllocator:
             blocks += [b for v in params.values() if isinstance(v, list)
                        for b in v if isinstance(b, RecordedBlock)]
             encoded = {k: self._encode(k, v) for k, v in params.items()}
+            if op == "find_cached_blocks_prefix" and params:
+                hashes = encoded.pop(next(iter(params)))   # the hash list, however named
+                encoded = {"names": [self._carriers.get(h, h) for h in hashes], **encoded}
             real_args = [self._unwrap(a) for a in args]
             real_kwargs = {k: self._unwrap(v) for k, v in kwargs.items()}
             return self._record(op, encoded, lambda: method(*real_args, **real_kwargs), blocks)

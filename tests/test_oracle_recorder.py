@@ -8,13 +8,17 @@ from typing import Any, List
 
 from helpers.oracle_faults import FreesToTheRight
 
+from prefixcache.bench.replayer import plan
+from prefixcache.bench.workload import WorkloadConfig
 from prefixcache.impl import errors as err
 from prefixcache.impl.cpu_gpu_block_allocator import CpuGpuBlockAllocator
 from prefixcache.impl.interfaces import Device
-from prefixcache.impl.prefix_caching_block import PrefixCachingBlockAllocator
+from prefixcache.impl.prefix_caching_block import PrefixCachingBlock, PrefixCachingBlockAllocator
 from prefixcache.oracle.recorder import RecordingAllocator
 from prefixcache.oracle.replay import replay
+from prefixcache.oracle.targets import resolve_target
 from prefixcache.oracle.trace import Trace
+from prefixcache.spec.semantics import PRESETS
 
 
 def serve(alloc: Any, block_size: int, seed: int, rounds: int = 60) -> None:
@@ -111,3 +115,45 @@ def test_a_device_pair_recording_replays_clean() -> None:
     for block in blocks + [tail]:
         recorder.free(block)
     assert replay(recorder.trace).violation is None
+
+
+def test_a_query_about_content_never_cached_replays_clean() -> None:
+    """An engine hashes a prompt and asks how much of it is cached before
+    it allocates: the hashes of recorded Blocks are recorded by the Blocks'
+    names, the new one as the number itself; the replay holds the answer
+    against the model, and a tampered answer is caught."""
+    recorder = RecordingAllocator(PrefixCachingBlockAllocator(num_blocks=8, block_size=2),
+                                  num_blocks=8, block_size=2)
+    first, second = recorder.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    recorder.mark_blocks_as_computed([])
+    new = PrefixCachingBlock.hash_block_tokens(False, second.content_hash, [5, 6], None)
+    found = recorder.find_cached_blocks_prefix([first.content_hash, second.content_hash, new])
+    assert len(found) == 2
+    step = recorder.trace.steps[-1]
+    assert step.args == {"names": [first._name, second._name, new]}
+    assert replay(Trace.from_json(recorder.trace.to_json())).violation is None
+    step.expect["result"] = [first.content_hash]  # type: ignore[index]
+    result = replay(Trace.from_json(recorder.trace.to_json()))
+    assert result.violation is not None
+    assert result.violation.signature == "conformance/find_cached_blocks_prefix/result"
+
+
+def test_vllms_allocator_recorded_serving_a_workload_replays_clean() -> None:
+    """vLLM 0.8.5's allocator, repaired, recorded while the benchmark's
+    scheduler serves a workload on it (cache queries, forks, preemptions),
+    replays clean by vLLM's rules: the recorder and the replay raise no
+    false alarm on real code."""
+    target = resolve_target("prefixcache.bench.vllm_repaired:PrefixCachingBlockAllocator")
+    recorders: List[RecordingAllocator] = []
+
+    def make(num_blocks: int, block_size: int) -> RecordingAllocator:
+        recorders.append(RecordingAllocator(target.make(num_blocks, block_size),
+                                            num_blocks=num_blocks, block_size=block_size))
+        return recorders[-1]
+
+    plan(WorkloadConfig(num_blocks=64, num_requests=16), make_allocator=make)
+    trace = recorders[0].trace
+    assert {"find_cached_blocks_prefix", "fork", "free"} <= {step.op for step in trace.steps}
+    result = replay(Trace.from_json(trace.to_json()), semantics=PRESETS["vllm-0.8.5"])
+    assert result.violation is None, result.violation
+    assert result.steps_run == len(trace.steps)
