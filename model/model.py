@@ -386,8 +386,11 @@ class Model:
     def find_cached_blocks_prefix(self, keys: Sequence[ContentKey]) -> list[ContentKey]:
         """The longest prefix of ``keys`` (spec content keys: one
         (extra_hash, tokens) pair per block of the chain) whose blocks are
-        all cached and computed (not touched), in use or evictable.  No effect."""
+        all cached and computed (not touched), in use or evictable.  No effect.
+        WrongTypeError when ``keys`` is not a list (or tuple)."""
         out: list[ContentKey] = []
+        if not isinstance(keys, (list, tuple)):
+            raise err.WrongTypeError(f"keys must be a list, got {type(keys).__name__}")
         if not self.caching:
             return out
         for k in keys:

@@ -29,6 +29,7 @@ import functools
 import math
 import sys
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import fields
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -417,9 +418,7 @@ class Driver(Lockstep):
                 query = (self._standing_query(names) if slot is None
                          else self._reused_query(slot, names))
                 return obj.find_cached_blocks_prefix(query, **args)
-            keys = self.keys
-            return obj.find_cached_blocks_prefix(
-                [keys[n] if isinstance(n, str) else _uncached_key(n) for n in names], **args)
+            return obj.find_cached_blocks_prefix(self._keys_of(names), **args)
         if side == "model":
             args.pop("keep_block_object", None)
             if "block" in args:  # the model names it ``handle``
@@ -431,14 +430,14 @@ class Driver(Lockstep):
             return new_id
         return getattr(obj, op)(**args)
 
-    def _standing_query(self, names: List[str]) -> List[int]:
+    def _standing_query(self, names: Any) -> Any:
         """The target's hash list for the chain ``names``: one list per chain,
         asked about again and grown in place, as vLLM's ComputedBlocksTracker
         asks about each running sequence's own list every step.  A target
         that remembers lists by identity must still see every eviction."""
         hashes = self._hashes_of(names)
-        if not names:
-            return hashes
+        if not names or not isinstance(names, list) or not isinstance(names[0], str):
+            return hashes   # no chain of Blocks: a list of its own
         query = self._queries.get(names[0])
         if query is None or hashes[:len(query)] != query:  # shrunk or changed: a new list
             query = self._queries[names[0]] = []
@@ -455,12 +454,25 @@ class Driver(Lockstep):
         query[:] = self._hashes_of(names)
         return query
 
-    def _hashes_of(self, names: List[Any]) -> List[Any]:
+    def _hashes_of(self, names: Any) -> Any:
         """The target's hashes of a query's ``names``: a Block's name stands
-        for its hash, a number for a hash no Block carried (a recorded
-        query: :mod:`~prefixcache.oracle.recorder`)."""
+        for its hash, ``{"hash": h}`` for a hash ``h`` no Block carried (a
+        recorded query: :mod:`~prefixcache.oracle.recorder`); a query that
+        is not a list (a caller's mistake) for itself."""
+        if not isinstance(names, list):
+            return names
         hashes = self.hashes
-        return [hashes[n] if isinstance(n, str) else n for n in names]
+        return [hashes[n] if isinstance(n, str) else n["hash"] for n in names]
+
+    def _keys_of(self, names: Any) -> Any:
+        """The model's content keys of a query's ``names``: a Block's name
+        stands for its content, ``{"hash": h}`` for content no Block carried,
+        which the model caches nowhere (an unhashable ``h`` for itself)."""
+        if not isinstance(names, list):
+            return names
+        keys = self.keys
+        return [keys[n] if isinstance(n, str) else _uncached_key(n["hash"])
+                if isinstance(n["hash"], Hashable) else n["hash"] for n in names]
 
     def _chooser(self, target_ids: List[int]) -> Callable[[frozenset[int]], int]:
         """Relaxed mode: hand the model the target's fresh ids, in order."""

@@ -10,7 +10,7 @@ The engine gets :class:`RecordedBlock` proxies that behave as the Blocks.
 A ``find_cached_blocks_prefix`` query is recorded by the Blocks it asks
 about: each hash as the name of the last recorded Block that carried it,
 and a hash no recorded Block carried (content the allocator never cached)
-as the number itself.
+as ``{"hash": <the hash>}``.
 
 :func:`recorded_target` turns such a trace back into a target whose
 answers are the recorded ones, so ``prefixcache replay`` can hold a run
@@ -152,7 +152,9 @@ class RecordingAllocator:
             encoded = {k: self._encode(k, v) for k, v in params.items()}
             if op == "find_cached_blocks_prefix" and params:
                 hashes = encoded.pop(next(iter(params)))   # the hash list, however named
-                encoded = {"names": [self._carriers.get(h, h) for h in hashes], **encoded}
+                encoded = {"names": [self._carriers.get(h) or {"hash": h} if type(h) is int
+                                     else {"hash": h} for h in hashes]
+                           if isinstance(hashes, list) else hashes, **encoded}
             real_args = [self._unwrap(a) for a in args]
             real_kwargs = {k: self._unwrap(v) for k, v in kwargs.items()}
             return self._record(op, encoded, lambda: method(*real_args, **real_kwargs), blocks)

@@ -120,8 +120,9 @@ def test_a_device_pair_recording_replays_clean() -> None:
 def test_a_query_about_content_never_cached_replays_clean() -> None:
     """An engine hashes a prompt and asks how much of it is cached before
     it allocates: the hashes of recorded Blocks are recorded by the Blocks'
-    names, the new one as the number itself; the replay holds the answer
-    against the model, and a tampered answer is caught."""
+    names, the new one as ``{"hash": ...}``; the replay holds the answer
+    against the model, and a tampered answer is caught.  Hash lists of the
+    wrong shape are recorded and replayed as the caller's mistakes they are."""
     recorder = RecordingAllocator(PrefixCachingBlockAllocator(num_blocks=8, block_size=2),
                                   num_blocks=8, block_size=2)
     first, second = recorder.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
@@ -130,12 +131,20 @@ def test_a_query_about_content_never_cached_replays_clean() -> None:
     found = recorder.find_cached_blocks_prefix([first.content_hash, second.content_hash, new])
     assert len(found) == 2
     step = recorder.trace.steps[-1]
-    assert step.args == {"names": [first._name, second._name, new]}
+    assert step.args == {"names": [first._name, second._name, {"hash": new}]}
     assert replay(Trace.from_json(recorder.trace.to_json())).violation is None
     step.expect["result"] = [first.content_hash]  # type: ignore[index]
     result = replay(Trace.from_json(recorder.trace.to_json()))
     assert result.violation is not None
     assert result.violation.signature == "conformance/find_cached_blocks_prefix/result"
+    for odd in (None, "b0", [[1]], ["b0", None, 1.5]):
+        recorder = RecordingAllocator(PrefixCachingBlockAllocator(num_blocks=4, block_size=2),
+                                      num_blocks=4, block_size=2)
+        try:
+            recorder.find_cached_blocks_prefix(odd)
+        except err.WrongTypeError:
+            pass
+        assert replay(Trace.from_json(recorder.trace.to_json())).violation is None, odd
 
 
 def test_vllms_allocator_recorded_serving_a_workload_replays_clean() -> None:
