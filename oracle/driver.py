@@ -108,11 +108,14 @@ def _device_enum(allocator: Any) -> Any:
     return device
 
 
-def _uncached_key(content_hash: Any) -> ContentKey:
+def _uncached_key(content_hash: Any) -> Any:
     """The model's key for a hash no Block carried (a recorded query): a
     pair no Block spells (its first item, a Block's extra hash, is never a
-    string), so the model caches it nowhere."""
-    return (("a hash no Block carried", (content_hash,)),)  # type: ignore[return-value]
+    string), so the model caches it nowhere.  An unhashable one (a caller's
+    mistake) stays itself, for the model to refuse."""
+    if not isinstance(content_hash, Hashable):
+        return content_hash
+    return (("a hash no Block carried", (content_hash,)),)
 
 
 class Lockstep:
@@ -436,7 +439,7 @@ class Driver(Lockstep):
         asks about each running sequence's own list every step.  A target
         that remembers lists by identity must still see every eviction."""
         hashes = self._hashes_of(names)
-        if not names or not isinstance(names, list) or not isinstance(names[0], str):
+        if not isinstance(names, list) or not names or not isinstance(names[0], str):
             return hashes   # no chain of Blocks: a list of its own
         query = self._queries.get(names[0])
         if query is None or hashes[:len(query)] != query:  # shrunk or changed: a new list
@@ -467,12 +470,11 @@ class Driver(Lockstep):
     def _keys_of(self, names: Any) -> Any:
         """The model's content keys of a query's ``names``: a Block's name
         stands for its content, ``{"hash": h}`` for content no Block carried,
-        which the model caches nowhere (an unhashable ``h`` for itself)."""
+        which the model caches nowhere (:func:`_uncached_key`)."""
         if not isinstance(names, list):
             return names
         keys = self.keys
-        return [keys[n] if isinstance(n, str) else _uncached_key(n["hash"])
-                if isinstance(n["hash"], Hashable) else n["hash"] for n in names]
+        return [keys[n] if isinstance(n, str) else _uncached_key(n["hash"]) for n in names]
 
     def _chooser(self, target_ids: List[int]) -> Callable[[frozenset[int]], int]:
         """Relaxed mode: hand the model the target's fresh ids, in order."""

@@ -106,6 +106,12 @@ class RecordingAllocator:
             return [self._unwrap(v) for v in value]
         return value
 
+    def _query_name(self, content_hash: Any) -> Any:
+        """How a hash of a cache query is recorded: the name of the last
+        recorded Block that carried it, else ``{"hash": content_hash}``."""
+        name = self._carriers.get(content_hash) if type(content_hash) is int else None
+        return name or {"hash": content_hash}
+
     def _free_count(self) -> Any:
         alloc = self._allocator
         if self.trace.kind == "cpu_gpu":
@@ -152,9 +158,9 @@ class RecordingAllocator:
             encoded = {k: self._encode(k, v) for k, v in params.items()}
             if op == "find_cached_blocks_prefix" and params:
                 hashes = encoded.pop(next(iter(params)))   # the hash list, however named
-                encoded = {"names": [self._carriers.get(h) or {"hash": h} if type(h) is int
-                                     else {"hash": h} for h in hashes]
-                           if isinstance(hashes, list) else hashes, **encoded}
+                names = list(map(self._query_name, hashes)) if isinstance(hashes, list) \
+                    else hashes
+                encoded = {"names": names, **encoded}
             real_args = [self._unwrap(a) for a in args]
             real_kwargs = {k: self._unwrap(v) for k, v in kwargs.items()}
             return self._record(op, encoded, lambda: method(*real_args, **real_kwargs), blocks)
