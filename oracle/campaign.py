@@ -10,7 +10,8 @@ an earlier report's findings known: only new ones fail the run.
 example database (a directory, or ``redis://HOST:PORT``).
 
 Exit codes: 0 no new finding, 1 a new finding, 2 a usage error (any bad
-option, or a target that is not an allocator).
+option, or a target that is not an allocator); the ``prefixcache`` command
+exits 3 when the run breaks off on an exception (:data:`prefixcache.cli.INTERNAL_ERROR`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Each verb lives in its own module, which provides ``add_arguments(parser)``
 and ``run(args) -> int`` (the exit code).  Exit codes: 0 clean, 1 a
-violation or failed check, 2 a usage error.
+violation or failed check, 2 a usage error, 3 an internal error of
+prefixcache itself (the ``prefixcache`` command prints its traceback), so
+that a job never reads a crash of the checker as a finding.
 """
 
 from __future__ import annotations
@@ -11,7 +13,11 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from typing import List, NoReturn, Optional, Tuple
+
+#: The exit code of a run that prefixcache itself broke off with an exception.
+INTERNAL_ERROR = 3
 
 #: verb -> (module that implements it, one line of help)
 VERBS: Tuple[Tuple[str, str, str], ...] = (
@@ -67,8 +73,17 @@ def entry() -> NoReturn:
     """The ``prefixcache`` command: run :func:`main`, flush the output and
     leave without tearing the interpreter down.  After a long campaign that
     teardown (Hypothesis's caches, the example trees) took seconds, past the
-    ``--seconds`` the user gave; every file has been written and closed."""
-    code = main()
+    ``--seconds`` the user gave; every file has been written and closed.
+    An exception that escapes the verb is printed and exits with
+    :data:`INTERNAL_ERROR` (Python's own exit code for it, 1, is the code of
+    a finding)."""
+    try:
+        code = main()
+    except Exception:  # not a finding, so not exit code 1
+        traceback.print_exc()
+        print(f"prefixcache: internal error (exit code {INTERNAL_ERROR}): the run broke off "
+              "on the exception above; it is not a finding", file=sys.stderr)
+        code = INTERNAL_ERROR
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -25,6 +25,21 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+def test_an_exception_of_prefixcache_exits_3_not_as_a_finding() -> None:
+    """Python exits 1 on an uncaught exception, which is a finding's code: a
+    job would read a crash of the checker as a fault of its allocator."""
+    code = ("import prefixcache.cli as cli\n"
+            "def broken(argv=None):\n"
+            "    raise RuntimeError('the checker broke')\n"
+            "cli.main = broken\n"
+            "cli.entry()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "RuntimeError: the checker broke" in result.stderr  # the traceback
+    assert "internal error (exit code 3)" in result.stderr and "not a finding" in result.stderr
+
+
 def test_help_lists_every_verb(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])
