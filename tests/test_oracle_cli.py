@@ -57,7 +57,9 @@ def test_clean_campaign_exits_0_with_a_json_report(tmp_path: Path) -> None:
     assert set(report) >= {"steps", "examples", "steps_per_second", "coverage", "findings",
                            "known", "shrink_seconds", "target_log", "semantics"}
     assert report["findings"] == []
-    assert 30 <= report["examples"] <= 32  # Hypothesis may add an example of its own
+    # the campaign counts every example it ran; Hypothesis runs a few that it
+    # abandons (too long, or rejected) and does not count toward --examples
+    assert 30 <= report["examples"] <= 36
     assert report["steps"] > 30
     assert report["coverage"]["op:allocate_immutable_block"] > 0
     assert "no new finding" in result.stdout
