@@ -758,6 +758,16 @@ class Driver(Lockstep):
                                  f"spells: {exc}", "unnamed-hash") from exc
         return states
 
+    def broken_invariants(self, label: str, state: AbstractState, live: List[Any]) -> List[str]:
+        """The invariants ``state``, the target's on device ``label``, breaks,
+        with the live Blocks ``live`` as the owners of its ids (none for an
+        allocator without a cache)."""
+        if not is_prefix_caching(self.sub_allocators()[label]):
+            return []
+        owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
+                         if b.block_id in state.blocks)
+        return check_all(state, dict(owners))
+
     def _compare_states(self, step: Step, unchanged: bool, live: List[Any]) -> None:
         """The target's state against the model's (and, after a refusal,
         against its own before the step), every invariant on it; ``live``:
@@ -776,10 +786,7 @@ class Driver(Lockstep):
                     and self.refused == err.NoFreeBlocksError.__name__
                 changed = first_difference(self._before[label], state, ordered_free=True,
                                             ignore=("hits", "misses") if counted else ())
-            owners = Counter(b.block_id for b in {id(b): b for b in live}.values()
-                             if b.block_id in state.blocks)
-            broken = check_all(state, dict(owners)) if is_prefix_caching(
-                self.sub_allocators()[label]) else []
+            broken = self.broken_invariants(label, state, live)
             self._judge_state(step, changed, broken, _MEANINGS, functools.partial(
                 first_difference, state, models[label], ordered_free=self.target.strict))
         self._before = states

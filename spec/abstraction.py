@@ -76,8 +76,6 @@ def _time(value: Any, holder: str, i: BlockId) -> float:
     (AnswerTypeError else)."""
     if type(value) is float:
         return value
-    if type(value) is int:
-        return float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise AnswerTypeError(f"{holder} {i} holds last_accessed {value!r}, not a number")
     return float(value)

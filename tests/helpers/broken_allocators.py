@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
@@ -71,8 +70,7 @@ from prefixcache.oracle.profiles import profile_settings
 from prefixcache.oracle.targets import resolve_target
 from prefixcache.oracle.trace import render
 from prefixcache.oracle.violations import Violation
-from prefixcache.spec.abstraction import abstract_state, is_prefix_caching
-from prefixcache.spec.invariants import INVARIANTS, OWNERSHIP, check_all
+from prefixcache.spec.invariants import INVARIANTS, OWNERSHIP
 
 _LAST_ACCESSED_DEFAULT = -1
 
@@ -1164,22 +1162,13 @@ class Kill:
 
 def _broken_invariants(driver: Any) -> List[str]:
     """The invariants the driver would find broken in the target now."""
-    names: List[str] = []
     live = [driver.blocks[name] for name in driver.live_names()]
-    for allocator in driver.sub_allocators().values():
-        if not is_prefix_caching(allocator):
-            continue
-        ids = set(allocator.all_block_ids)
-        mine = [b for b in live if getattr(b, "block_id", None) in ids]
-        try:
-            state = abstract_state(allocator, ledger=driver.ledger, live_blocks=mine)
-        except Exception as exc:  # the abstraction itself fails on a broken target
-            names.append(f"<abstraction: {type(exc).__name__}>")
-            continue
-        owners = Counter(b.block_id for b in {id(b): b for b in mine}.values()
-                         if b.block_id in state.blocks)
-        names += check_all(state, dict(owners))
-    return sorted(set(names))
+    try:
+        states = driver._target_states(live)
+    except Exception as exc:  # the abstraction itself fails on a broken target
+        return [f"<abstraction: {type(exc).__name__}>"]
+    return sorted({name for label, state in states.items()
+                   for name in driver.broken_invariants(label, state, live)})
 
 
 def _violations_in(exc: BaseException) -> List[Violation]:
