@@ -37,7 +37,6 @@ import hypothesis.core
 from hypothesis import Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
-from hypothesis.statistics import collector
 
 from ..spec.semantics import Semantics
 from .findings import Finding, Findings
@@ -94,6 +93,8 @@ class Outcome:
     stats: Stats = field(default_factory=Stats)
     findings: Findings = field(default_factory=Findings)
     seconds: float = 0.0
+    #: of ``seconds``, those from each batch's first failure to its end
+    #: (Hypothesis shrinking it) and in :func:`_shrunk`
     shrink_seconds: float = 0.0
     log: LogTally = field(default_factory=LogTally)
     stopped_because: str = "budget"
@@ -189,20 +190,15 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
             size = BATCH_EXAMPLES
             if budget.examples is not None:
                 size = max(1, min(size, budget.examples - stats.examples))
-            phases: List[Dict[str, Any]] = []
             stats.seen, stats.failing_since, stats.improved_at = {}, None, None
             deadline = None if budget.seconds is None else start + budget.seconds
             machine.config.deadline = deadline
             machine.config.shrink_stall = SHRINK_STALL if options.shrink else None
             found: List[Violation] = []
             try:
-                with collector.with_value(phases.append):  # type: ignore[arg-type]
-                    run_state_machine_as_test(
-                        machine, settings=_batch_settings(options, size))
+                run_state_machine_as_test(machine, settings=_batch_settings(options, size))
             except OutOfTime:  # the budget ended or shrinking stalled: keep what it reached
                 found = list(stats.seen.values())
-                if stats.failing_since is not None:
-                    outcome.shrink_seconds += time.monotonic() - stats.failing_since
             except BaseException as exc:  # findings, or a bug of ours (re-raised)
                 found = violations_in(exc)
                 if not found:
@@ -210,8 +206,10 @@ def search(target: Target, budget: Budget, options: SearchOptions, *,
             finally:
                 if kept is not None:
                     kept.keep()
-                outcome.shrink_seconds += sum(
-                    p.get("shrink-phase", {}).get("duration-seconds", 0.0) for p in phases)
+                # from a batch's first failure on, Hypothesis shrinks it (and
+                # replays the shortest): counted once, however the batch ended
+                if stats.failing_since is not None:
+                    outcome.shrink_seconds += time.monotonic() - stats.failing_since
                 if progress is not None:
                     outcome.seconds = time.monotonic() - start
                     progress(outcome)
