@@ -8,8 +8,8 @@ white-box checks on) for a fixed time and prints its steps per second:
 * ``vllm``: vLLM 0.8.5's own allocator judged by its own rules on valid
   calls (``prefixcache fuzz --target vllm==0.8.5 --semantics vllm-0.8.5
   --no-mistakes``).  It has findings, and the campaign shrinks each new one,
-  so the time spent shrinking (Hypothesis's shrink phase and the trace
-  minimiser) and the steps run while shrinking are reported apart: the
+  so the time spent shrinking (from a batch's first failure to its end, and
+  the trace minimiser) and the steps run while shrinking are reported apart: the
   checked steps per second of the search are its steps outside shrinking
   over its time outside shrinking.  ``--max-findings`` is set high, so the
   campaign searches for the whole time (a known finding met again is
